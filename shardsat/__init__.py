@@ -1,0 +1,39 @@
+"""shardsat: automatic sharding of JAX programs by equality saturation.
+
+    plan = shardsat.saturate_and_extract(fn, mesh, *example_args)
+    out = plan.jit()(*args)
+    print(plan.explain())
+"""
+
+from .api import saturate_and_extract
+from .errors import (
+    InvalidArgumentError,
+    InvalidMeshError,
+    InvalidSignatureError,
+    NoPlanError,
+    ShardsatError,
+    UnsupportedPrimitiveError,
+)
+from .extract.profile import PRESETS, DeviceProfile
+from .limits import Limits, StopReason
+from .runtime.plan import Collective, Plan, PlanCost, Report
+
+__all__ = [
+    "PRESETS",
+    "Collective",
+    "DeviceProfile",
+    "InvalidArgumentError",
+    "InvalidMeshError",
+    "InvalidSignatureError",
+    "Limits",
+    "NoPlanError",
+    "Plan",
+    "PlanCost",
+    "Report",
+    "ShardsatError",
+    "StopReason",
+    "UnsupportedPrimitiveError",
+    "saturate_and_extract",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,203 @@
+"""Layouts: how a logical tensor lies on the mesh.
+
+A layout gives, for each tensor dimension, the mesh axes it is split over (in mesh order, the
+major axis first) and the set of axes over which the value is a pending partial sum. Only layouts
+whose split sizes divide the dimension exist: shardsat never pads or silently replicates.
+Layouts are interned to small integers so the e-graph can carry them as `i64`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from ..errors import InvalidMeshError
+from .program import is_extended, itemsize
+
+
+@dataclass(frozen=True)
+class MeshAxes:
+    """The mesh as the planner sees it: axis names and sizes. Axes of size 1 are never used."""
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+
+    @staticmethod
+    def from_mesh(mesh: Mesh) -> MeshAxes:
+        names = tuple(str(n) for n in mesh.axis_names)
+        if not names:
+            raise InvalidMeshError("The mesh has no axes. Consider jax.make_mesh((8,), ('data',)).")
+        if len(set(names)) != len(names):
+            raise InvalidMeshError(f"Mesh axis names repeat: {names}.")
+        sizes = tuple(int(mesh.shape[n]) for n in names)
+        return MeshAxes(names, sizes)
+
+    @property
+    def active(self) -> tuple[int, ...]:
+        return tuple(i for i, s in enumerate(self.sizes) if s > 1)
+
+    @property
+    def num_devices(self) -> int:
+        return int(np.prod(self.sizes))
+
+    def size(self, axes: tuple[int, ...] | frozenset[int]) -> int:
+        return int(np.prod([self.sizes[a] for a in axes], dtype=np.int64)) if axes else 1
+
+    def mask(self, axes: tuple[int, ...]) -> int:
+        return sum(1 << a for a in axes)
+
+    def unmask(self, mask: int) -> tuple[int, ...]:
+        return tuple(a for a in range(len(self.names)) if mask >> a & 1)
+
+    def label(self, axes: tuple[int, ...]) -> str:
+        return ",".join(self.names[a] for a in axes) if axes else "-"
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    dims: tuple[tuple[int, ...], ...]
+    partial: tuple[int, ...] = ()
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def used_axes(self) -> frozenset[int]:
+        return frozenset(a for d in self.dims for a in d) | frozenset(self.partial)
+
+    def split_axes(self) -> tuple[int, ...]:
+        return tuple(sorted(a for d in self.dims for a in d))
+
+    def shard_shape(self, shape: tuple[int, ...], mesh: MeshAxes) -> tuple[int, ...]:
+        return tuple(n // mesh.size(d) for n, d in zip(shape, self.dims, strict=True))
+
+    def spec(self, mesh: MeshAxes) -> PartitionSpec:
+        entries: list[Any] = []
+        for d in self.dims:
+            if not d:
+                entries.append(None)
+            elif len(d) == 1:
+                entries.append(mesh.names[d[0]])
+            else:
+                entries.append(tuple(mesh.names[a] for a in d))
+        while entries and entries[-1] is None:
+            entries.pop()
+        return PartitionSpec(*entries)
+
+    def describe(self, mesh: MeshAxes) -> str:
+        s = str(self.spec(mesh)).replace("PartitionSpec", "P")
+        if self.partial:
+            s += f" +partial({mesh.label(self.partial)})"
+        return s
+
+    @staticmethod
+    def replicated(rank: int) -> Layout:
+        return Layout(((),) * rank, ())
+
+
+@dataclass
+class LayoutTable:
+    """Interns layouts to integer ids (shared by every value of a plan)."""
+
+    layouts: list[Layout] = field(default_factory=list)
+    ids: dict[Layout, int] = field(default_factory=dict)
+
+    def intern(self, layout: Layout) -> int:
+        lid = self.ids.get(layout)
+        if lid is None:
+            lid = len(self.layouts)
+            self.layouts.append(layout)
+            self.ids[layout] = lid
+        return lid
+
+    def __getitem__(self, lid: int) -> Layout:
+        return self.layouts[lid]
+
+
+@dataclass(frozen=True)
+class Space:
+    """The layouts of all values with one (shape, dtype)."""
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: Any
+    layouts: tuple[int, ...]  # layout ids, replicated first
+
+    @property
+    def itemsize(self) -> int:
+        return itemsize(self.dtype)
+
+
+def partial_allowed(dtype: Any) -> bool:
+    """Pending sums need an additive dtype: not bool, not PRNG keys."""
+    if is_extended(dtype):
+        return False
+    return np.dtype(dtype) != np.dtype(bool)
+
+
+def enumerate_layouts(shape: tuple[int, ...], dtype: Any, mesh: MeshAxes) -> list[Layout]:
+    """Every layout of a tensor: each active axis goes to one dimension, to the partial set, or
+    nowhere; a dimension's split must divide its size."""
+    rank = len(shape)
+    if is_extended(dtype):
+        return [Layout.replicated(rank)]
+    options: list[int | None] = [None, *range(rank)]
+    if partial_allowed(dtype):
+        options.append(-1)
+    out: list[Layout] = []
+    active = mesh.active
+    for choice in itertools.product(options, repeat=len(active)):
+        dims: list[list[int]] = [[] for _ in range(rank)]
+        partial: list[int] = []
+        for axis, opt in zip(active, choice, strict=True):
+            if opt is None:
+                continue
+            if opt == -1:
+                partial.append(axis)
+            else:
+                dims[opt].append(axis)
+        if all(shape[d] % mesh.size(tuple(dims[d])) == 0 for d in range(rank)):
+            out.append(Layout(tuple(tuple(d) for d in dims), tuple(partial)))
+    out.sort(key=lambda lay: (len(lay.used_axes()), lay))
+    return out
+
+
+@dataclass
+class SpaceTable:
+    """Spaces by (shape, dtype), each with its enumerated layouts."""
+
+    mesh: MeshAxes
+    layouts: LayoutTable = field(default_factory=LayoutTable)
+    spaces: list[Space] = field(default_factory=list)
+    ids: dict[tuple[tuple[int, ...], str], int] = field(default_factory=dict)
+
+    def space(self, shape: tuple[int, ...], dtype: Any) -> Space:
+        key = (tuple(shape), str(dtype))
+        sid = self.ids.get(key)
+        if sid is None:
+            sid = len(self.spaces)
+            lids = tuple(self.layouts.intern(lay) for lay in enumerate_layouts(shape, dtype, self.mesh))
+            self.spaces.append(Space(sid, tuple(shape), dtype, lids))
+            self.ids[key] = sid
+        return self.spaces[sid]
+
+    def shard_bytes(self, space: Space, lid: int) -> int:
+        lay = self.layouts[lid]
+        n = int(np.prod(lay.shard_shape(space.shape, self.mesh), dtype=np.int64))
+        return n * space.itemsize
+
+
+def auto_mesh(mesh: Mesh) -> Mesh:
+    """The same devices and axes with Auto axis types: the runtime lowers through jit sharding
+    constraints, which Explicit axes would turn into type errors."""
+    if all(t == AxisType.Auto for t in mesh.axis_types):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
+def named_sharding(mesh: Mesh, layout: Layout, axes: MeshAxes) -> NamedSharding:
+    return NamedSharding(mesh, layout.spec(axes))

@@ -1,0 +1,43 @@
+"""One exception family for everything a user can get wrong or hit.
+
+Messages follow shard_map's style: say what was wrong, where (primitive, source line, pytree path,
+shape, mesh axis), and end with a "Consider ..." fix.
+"""
+
+from __future__ import annotations
+
+
+class ShardsatError(Exception):
+    """Base class of every error shardsat raises on purpose."""
+
+
+class UnsupportedPrimitiveError(ShardsatError):
+    """A primitive has no sharding rule (unknown, or listed as unsupported)."""
+
+    def __init__(self, primitive: str, source: str, reason: str | None = None) -> None:
+        self.primitive = primitive
+        self.source = source
+        self.reason = reason
+        why = f" ({reason})" if reason else ""
+        super().__init__(
+            f"shardsat has no sharding rule for primitive `{primitive}`{why}, used at {source}.\n"
+            "Consider saturate_and_extract(..., fallback='replicate') to keep this equation "
+            "replicated (reported in the plan), or shardsat.register_signature() to teach shardsat "
+            "how it shards."
+        )
+
+
+class InvalidSignatureError(ShardsatError):
+    """A factor signature is malformed (unknown factor, arity or rank mismatch, bad size)."""
+
+
+class InvalidMeshError(ShardsatError):
+    """The mesh cannot be planned for (no axes, duplicate names, ...)."""
+
+
+class InvalidArgumentError(ShardsatError):
+    """An argument to the public API is malformed."""
+
+
+class NoPlanError(ShardsatError):
+    """Extraction found no plan (e.g. every plan breaks a constraint)."""

@@ -1,0 +1,101 @@
+"""The cost model: seconds per e-node, from the work the rules stage describes.
+
+A local op costs its roofline time on one device: max(FLOPs / flop rate, bytes touched / HBM
+rate). A collective costs alpha-beta time on the mesh axes it spans: the axes' latency plus the
+bytes each device moves over the slowest of those links (ring algorithms: all-gather and
+reduce-scatter move (n-1)/n of the full buffer, all-reduce twice that, all-to-all (n-1)/n of the
+shard). A dynamic slice is a local copy. Costs are per node, so a shared node is paid once by DAG
+extraction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..egraph.export import ExportedGraph, NodeKind
+from ..egraph.layout import MeshAxes, SpaceTable
+from ..rules.apply import RuleTables
+from .profile import DeviceProfile
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    seconds: float
+    moved_bytes: float  # bytes each device sends
+    buffer_bytes: int  # per-device bytes of the larger side
+
+
+class CostModel:
+    def __init__(self, profile: DeviceProfile, spaces: SpaceTable, tables: RuleTables) -> None:
+        self.profile = profile
+        self.spaces = spaces
+        self.mesh: MeshAxes = spaces.mesh
+        self.tables = tables
+        self._local: dict[tuple[str, int], tuple[float, float, float]] = {}
+
+    # -- local ops ---------------------------------------------------------------------------
+    def local_work(self, output_key: str, strategy: int) -> tuple[float, float, float]:
+        """(seconds, flops, bytes) per device of one local op (one output of an equation)."""
+        hit = self._local.get((output_key, strategy))
+        if hit is not None:
+            return hit
+        info, k = self.tables.info(output_key)
+        st = info.strategies[strategy]
+        n_out = len(info.result_spaces)
+        flops = info.signature.flops / st.split / n_out
+        nbytes = 0.0
+        ops = [sp for sp in info.operand_spaces if sp is not None]
+        for sp, lid in zip(ops, st.ins, strict=True):
+            nbytes += self.spaces.shard_bytes(sp, lid)
+        nbytes /= n_out
+        nbytes += self.spaces.shard_bytes(info.result_spaces[k], st.outs[k])
+        p = self.profile
+        seconds = max(flops / p.flops_per_s, nbytes / p.hbm_bytes_per_s)
+        out = (seconds, flops, nbytes)
+        self._local[(output_key, strategy)] = out
+        return out
+
+    # -- collectives --------------------------------------------------------------------------
+    def collective(self, kind: NodeKind, axes: tuple[int, ...], space_id: int, src: int, dst: int) -> CollectiveCost:
+        sp = self.spaces.spaces[space_id]
+        b_src = self.spaces.shard_bytes(sp, src)
+        b_dst = self.spaces.shard_bytes(sp, dst)
+        if kind == NodeKind.DYN_SLICE:
+            return CollectiveCost(b_dst / self.profile.hbm_bytes_per_s, 0.0, b_dst)
+        n = self.mesh.size(axes)
+        frac = (n - 1) / n
+        if kind == NodeKind.ALL_GATHER:
+            moved = frac * b_dst
+        elif kind == NodeKind.ALL_REDUCE:
+            moved = 2 * frac * b_src
+        elif kind == NodeKind.REDUCE_SCATTER or kind == NodeKind.ALL_TO_ALL:
+            moved = frac * b_src
+        else:  # pragma: no cover
+            raise ValueError(kind)
+        names = [self.mesh.names[a] for a in axes]
+        bw = min(self.profile.link(a) for a in names)
+        lat = max(self.profile.latency(a) for a in names)
+        return CollectiveCost(lat + moved / bw, moved, max(b_src, b_dst))
+
+    # -- all nodes ----------------------------------------------------------------------------
+    def node_costs(self, g: ExportedGraph, value_space: list[int]) -> np.ndarray:
+        cost = np.zeros(g.num_nodes)
+        group_space = [value_space[vs[0]] if vs else -1 for vs in g.group_values]
+        for n in range(g.num_nodes):
+            kind = NodeKind(int(g.node_kind[n]))
+            if kind == NodeKind.PLACE:
+                continue
+            if kind == NodeKind.LOCAL:
+                cost[n] = self.local_work(g.node_key[n], int(g.node_a[n]))[0]  # type: ignore[arg-type]
+            elif kind.is_reshard:
+                child = int(g.children(n)[0])
+                c = int(g.node_class[n])
+                sp = group_space[int(g.class_group[c])]
+                axes = self.mesh.unmask(int(g.node_a[n]))
+                cost[n] = self.collective(kind, axes, sp, int(g.class_layout[child]), int(g.class_layout[c])).seconds
+            else:
+                cost[n] = math.inf  # user constructors need a cost (see shardsat.rules)
+        return cost

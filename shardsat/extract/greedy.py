@@ -1,0 +1,349 @@
+"""DAG-aware greedy extraction with exact local improvement.
+
+The e-graph groups classes by value: `At(v, l)` for the layouts l of v. A plan produces each used
+value once (a placed input, or one local strategy of its equation) and reaches every layout its
+consumers need through the cheapest resharding tree from the produced layout.
+
+1. Bottom-up estimate: est(class) = cheapest way to obtain it, where an operand's estimate is
+   shared among the value's consumers (divided by their count) so that values used many times
+   (residual streams, weights read forward and backward) are not paid once per use as tree-cost
+   extraction would (egglog-notes.md).
+2. Top-down choice, consumers before producers: each value picks the production that minimises
+   its own cost plus the resharding tree to its *actual* demanded layouts plus its operands'
+   estimates.
+3. Improvement: sweeps of exact single-value moves on the true DAG cost (its own node, its
+   resharding tree, and the change in its operands' resharding trees) until none improves.
+
+Resharding trees are unions of shortest paths in the per-space layout graph (all-pairs shortest
+paths computed once per (shape, dtype)), a close upper bound of the Steiner tree.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..egraph.export import ExportedGraph, NodeKind
+from ..egraph.layout import SpaceTable
+from ..errors import NoPlanError
+from ..rules.reshard import ReshardEdge
+from .cost import CostModel
+from .result import Extraction, GroupChoice, ReshardStep
+
+
+@dataclass
+class SpacePaths:
+    """All-pairs cheapest resharding between the layouts of one space."""
+
+    index: dict[int, int]  # layout id -> row
+    layouts: tuple[int, ...]
+    dist: np.ndarray  # [n, n]
+    pred: np.ndarray  # [n, n] row of the node before t on the path s -> t (-1: none)
+    edge: dict[tuple[int, int], tuple[ReshardEdge, float]]  # cheapest direct edge (u, v) rows
+
+
+def space_paths(space_id: int, spaces: SpaceTable, edges: Sequence[ReshardEdge], model: CostModel) -> SpacePaths:
+    sp = spaces.spaces[space_id]
+    index = {lid: i for i, lid in enumerate(sp.layouts)}
+    n = len(sp.layouts)
+    dist = np.full((n, n), math.inf)
+    np.fill_diagonal(dist, 0.0)
+    pred = np.full((n, n), -1, dtype=np.int64)
+    best: dict[tuple[int, int], tuple[ReshardEdge, float]] = {}
+    for e in edges:
+        u, v = index[e.src], index[e.dst]
+        c = model.collective(e.kind, e.axes, space_id, e.src, e.dst).seconds
+        if (u, v) not in best or c < best[(u, v)][1]:
+            best[(u, v)] = (e, c)
+            if c < dist[u, v]:
+                dist[u, v] = c
+                pred[u, v] = u
+    for k in range(n):
+        via = dist[:, k : k + 1] + dist[k : k + 1, :]
+        better = via < dist - 1e-18
+        if better.any():
+            dist = np.where(better, via, dist)
+            pred = np.where(better, pred[k : k + 1, :], pred)
+    return SpacePaths(index, sp.layouts, dist, pred, best)
+
+
+class Extractor:
+    def __init__(
+        self,
+        g: ExportedGraph,
+        node_cost: np.ndarray,
+        value_space: list[int],
+        spaces: SpaceTable,
+        edges: dict[int, list[ReshardEdge]],
+        model: CostModel,
+    ) -> None:
+        self.g = g
+        self.cost = node_cost
+        self.spaces = spaces
+        self.model = model
+        G = g.num_groups
+        self.group_space = [value_space[vs[0]] if vs else -1 for vs in g.group_values]
+        self.paths: dict[int, SpacePaths] = {}
+        for sp in sorted(set(self.group_space)):
+            if sp >= 0:
+                self.paths[sp] = space_paths(sp, spaces, edges.get(sp, []), model)
+        # production nodes per group, with their child classes
+        self.prod: list[list[int]] = [[] for _ in range(G)]
+        self.kids: dict[int, tuple[int, ...]] = {}
+        for n in range(g.num_nodes):
+            if NodeKind(int(g.node_kind[n])).is_reshard:
+                continue
+            if not math.isfinite(self.cost[n]):
+                continue
+            grp = int(g.class_group[g.node_class[n]])
+            self.prod[grp].append(n)
+            self.kids[n] = tuple(int(c) for c in g.children(n))
+        self._order()
+        self._steiner_memo: dict[tuple[int, int, frozenset[int]], tuple[float, tuple[tuple[int, int], ...]]] = {}
+
+    # -- structure -------------------------------------------------------------------------------
+    def _order(self) -> None:
+        g = self.g
+        G = g.num_groups
+        parents: list[set[int]] = [set() for _ in range(G)]
+        indeg = [0] * G
+        child_groups: list[set[int]] = [set() for _ in range(G)]
+        for grp in range(G):
+            for n in self.prod[grp]:
+                for c in self.kids[n]:
+                    h = int(g.class_group[c])
+                    if h != grp:
+                        child_groups[grp].add(h)
+        for grp in range(G):
+            for h in child_groups[grp]:
+                parents[h].add(grp)
+            indeg[grp] = len(child_groups[grp])
+        ready = sorted(x for x in range(G) if indeg[x] == 0)
+        order: list[int] = []
+        import heapq
+
+        heapq.heapify(ready)
+        while ready:
+            x = heapq.heappop(ready)
+            order.append(x)
+            for p in parents[x]:
+                indeg[p] -= 1
+                if indeg[p] == 0:
+                    heapq.heappush(ready, p)
+        if len(order) < G:  # cycles (only through user rewrites): break by group number
+            seen = set(order)
+            order += [x for x in range(G) if x not in seen]
+        self.order = order
+        self.rank = np.empty(G, dtype=np.int64)
+        self.rank[order] = np.arange(G)
+        self.parents = parents
+        # a production is usable only if its operands come strictly earlier (acyclic plans)
+        for grp in range(G):
+            r = self.rank[grp]
+            self.prod[grp] = [
+                n for n in self.prod[grp]
+                if all(self.rank[int(g.class_group[c])] < r for c in self.kids[n])
+            ]
+
+    def _row(self, c: int) -> tuple[SpacePaths, int]:
+        grp = int(self.g.class_group[c])
+        sp = self.paths[self.group_space[grp]]
+        return sp, sp.index[int(self.g.class_layout[c])]
+
+    # -- resharding trees -----------------------------------------------------------------------
+    def steiner(self, grp: int, src_layout: int, targets: frozenset[int]) -> tuple[float, tuple[tuple[int, int], ...]]:
+        """Cost and edges (row pairs) of the union of cheapest paths src -> each target."""
+        sp_id = self.group_space[grp]
+        key = (sp_id, src_layout, targets)
+        hit = self._steiner_memo.get(key)
+        if hit is not None:
+            return hit
+        sp = self.paths[sp_id]
+        s = sp.index[src_layout]
+        used: set[tuple[int, int]] = set()
+        total = 0.0
+        for t_lid in targets:
+            t = sp.index[t_lid]
+            if not math.isfinite(sp.dist[s, t]):
+                total = math.inf
+                break
+            while t != s:
+                u = int(sp.pred[s, t])
+                if (u, t) not in used:
+                    used.add((u, t))
+                    total += sp.edge[(u, t)][1]
+                t = u
+        out = (total, tuple(sorted(used)))
+        self._steiner_memo[key] = out
+        return out
+
+    # -- extraction ------------------------------------------------------------------------------
+    def run(
+        self,
+        roots: Sequence[tuple[int, frozenset[int] | None]],
+        deadline: float,
+        max_sweeps: int = 50,
+    ) -> Extraction:
+        t0 = time.perf_counter()
+        g = self.g
+        G = g.num_groups
+        C = g.num_classes
+        cls_layout = g.class_layout
+        cls_group = g.class_group
+        uses = np.ones(G)
+        for h in range(G):
+            uses[h] = max(1, len(self.parents[h]))
+        for grp, _ in roots:
+            uses[grp] += 1
+        # 1. bottom-up estimates
+        est = np.full(C, math.inf)
+        group_classes: list[list[int]] = [[] for _ in range(G)]
+        for c in range(C):
+            group_classes[int(cls_group[c])].append(c)
+        for grp in self.order:
+            if not group_classes[grp]:
+                continue
+            sp = self.paths[self.group_space[grp]]
+            prod_est = np.full(len(sp.layouts), math.inf)
+            for n in self.prod[grp]:
+                v = self.cost[n] + sum(est[c] / uses[int(cls_group[c])] for c in self.kids[n])
+                r = sp.index[int(cls_layout[g.node_class[n]])]
+                if v < prod_est[r]:
+                    prod_est[r] = v
+            finite = np.isfinite(prod_est)
+            if not finite.any():
+                continue
+            reach = np.min(prod_est[finite][:, None] + sp.dist[finite], axis=0)
+            for c in group_classes[grp]:
+                est[c] = reach[sp.index[int(cls_layout[c])]]
+        # 2. top-down choice
+        demand: list[Counter[int]] = [Counter() for _ in range(G)]
+        root_layouts: list[int] = []
+        for grp, allowed in roots:
+            best_c, best_v = -1, math.inf
+            for c in group_classes[grp]:
+                lay = int(cls_layout[c])
+                if self.spaces.layouts[lay].partial:
+                    continue
+                if allowed is not None and lay not in allowed:
+                    continue
+                if est[c] < best_v:
+                    best_c, best_v = c, est[c]
+            if best_c < 0:
+                raise NoPlanError(
+                    f"No layout of output value group {grp} can be produced"
+                    + (" within its pinned layouts." if allowed is not None else ".")
+                )
+            demand[grp][int(cls_layout[best_c])] += 1
+            root_layouts.append(int(cls_layout[best_c]))
+        choice: dict[int, int] = {}
+        for grp in reversed(self.order):
+            if not demand[grp]:
+                continue
+            targets = frozenset(demand[grp])
+            best_n, best_v = -1, math.inf
+            for n in self.prod[grp]:
+                v = self.cost[n] + sum(est[c] / uses[int(cls_group[c])] for c in self.kids[n])
+                if v >= best_v:
+                    continue
+                v += self.steiner(grp, int(cls_layout[g.node_class[n]]), targets)[0]
+                if v < best_v:
+                    best_n, best_v = n, v
+            if best_n < 0:
+                vids = g.group_values[grp]
+                raise NoPlanError(f"No way to produce program value(s) {vids[:4]} in the layouts its consumers need.")
+            choice[grp] = best_n
+            for c in self.kids[best_n]:
+                demand[int(cls_group[c])][int(cls_layout[c])] += 1
+        # 3. exact improvement sweeps
+        sweeps = 0
+        improved = True
+        while improved and sweeps < max_sweeps and time.perf_counter() < deadline:
+            improved = False
+            sweeps += 1
+            for grp in self.order:
+                if grp not in choice or len(self.prod[grp]) < 2:
+                    continue
+                if self._improve(grp, choice, demand):
+                    improved = True
+        # 4. result
+        choices: dict[int, GroupChoice] = {}
+        total = 0.0
+        for grp, n in choice.items():
+            lay = int(cls_layout[g.node_class[n]])
+            targets = frozenset(demand[grp])
+            st_cost, rows = self.steiner(grp, lay, targets)
+            sp = self.paths[self.group_space[grp]]
+            steps = []
+            for u, v in rows:
+                e, _ = sp.edge[(u, v)]
+                cc = self.model.collective(e.kind, e.axes, self.group_space[grp], e.src, e.dst)
+                steps.append(ReshardStep(e.kind, e.src, e.dst, e.axes, e.dim, e.dim2, cc.seconds, cc.moved_bytes, cc.buffer_bytes))
+            steps.sort(key=lambda s: (sp.dist[sp.index[lay], sp.index[s.src]], s.src, s.dst))
+            choices[grp] = GroupChoice(grp, n, lay, tuple(sorted(targets)), steps, float(self.cost[n]))
+            total += float(self.cost[n]) + st_cost
+        return Extraction(
+            choices=choices,
+            root_layouts=list(root_layouts),
+            total_s=total,
+            method="greedy-dag",
+            seconds=time.perf_counter() - t0,
+            sweeps=sweeps,
+        )
+
+    def _own(self, grp: int, n: int, targets: frozenset[int]) -> float:
+        lay = int(self.g.class_layout[self.g.node_class[n]])
+        return float(self.cost[n]) + self.steiner(grp, lay, targets)[0]
+
+    def _improve(self, grp: int, choice: dict[int, int], demand: list[Counter[int]]) -> bool:
+        g = self.g
+        cls_group = g.class_group
+        cls_layout = g.class_layout
+        cur = choice[grp]
+        targets = frozenset(demand[grp])
+        base = self._own(grp, cur, targets)
+        old_kids = Counter((int(cls_group[c]), int(cls_layout[c])) for c in self.kids[cur])
+        best_delta, best_n = -1e-15 * max(1.0, base), -1
+        for n in self.prod[grp]:
+            if n == cur:
+                continue
+            delta = self._own(grp, n, targets) - base
+            new_kids = Counter((int(cls_group[c]), int(cls_layout[c])) for c in self.kids[n])
+            touched = {h for h, _ in old_kids} | {h for h, _ in new_kids}
+            ok = True
+            for h in touched:
+                if h not in choice:
+                    ok = False  # operand not produced in the current plan
+                    break
+                before = demand[h]
+                after = before.copy()
+                for (hh, lay), k in old_kids.items():
+                    if hh == h:
+                        after[lay] -= k
+                for (hh, lay), k in new_kids.items():
+                    if hh == h:
+                        after[lay] += k
+                after_set = frozenset(lay for lay, k in after.items() if k > 0)
+                if not after_set:
+                    ok = False
+                    break
+                ph = choice[h]
+                delta += self._own(h, ph, after_set) - self._own(h, ph, frozenset(before))
+            if ok and delta < best_delta:
+                best_delta, best_n = delta, n
+        if best_n < 0:
+            return False
+        for c in self.kids[cur]:
+            h, lay = int(cls_group[c]), int(cls_layout[c])
+            demand[h][lay] -= 1
+            if demand[h][lay] <= 0:
+                del demand[h][lay]
+        for c in self.kids[best_n]:
+            demand[int(cls_group[c])][int(cls_layout[c])] += 1
+        choice[grp] = best_n
+        return True

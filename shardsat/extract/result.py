@@ -1,0 +1,43 @@
+"""What extraction produces: one production per used value and the resharding tree to each
+layout its consumers need. A plan is exactly this DAG of local ops and collectives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..egraph.export import NodeKind
+
+
+@dataclass(frozen=True)
+class ReshardStep:
+    kind: NodeKind
+    src: int  # layout id
+    dst: int  # layout id
+    axes: tuple[int, ...]
+    dim: int
+    dim2: int
+    seconds: float
+    moved_bytes: float
+    buffer_bytes: int
+
+
+@dataclass
+class GroupChoice:
+    group: int
+    node: int  # production e-node
+    layout: int  # layout the production yields
+    demanded: tuple[int, ...]  # layout ids needed by consumers and outputs
+    steps: list[ReshardStep] = field(default_factory=list)
+    node_seconds: float = 0.0
+
+
+@dataclass
+class Extraction:
+    choices: dict[int, GroupChoice]  # group -> choice, for used groups
+    root_layouts: list[int | None]  # per flat output: layout (None for literal outputs)
+    total_s: float
+    method: str
+    seconds: float
+    sweeps: int = 0
+    lower_bound_s: float | None = None
+    notes: list[str] = field(default_factory=list)

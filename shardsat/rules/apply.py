@@ -1,0 +1,225 @@
+"""The rules stage: signatures -> strategy tables -> egglog rewrites, then saturation.
+
+Equations with the same primitive, params, operand types and literals share one *key* (and one
+set of strategy rows), so repeated layers cost nothing extra to describe and identical values
+hash-cons into one e-class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from egglog import Ruleset
+
+from ..egraph.layout import MeshAxes, Space, SpaceTable
+from ..egraph.program import Equation, Literal, Program
+from ..egraph.run import EGraphRun, SaturationReport
+from ..errors import InvalidSignatureError, UnsupportedPrimitiveError
+from ..limits import Limits
+from . import generic
+from .primitives import EqnTypes, replicated
+from .registry import SIGNATURES, UNSUPPORTED
+from .reshard import ReshardEdge, reshard_edges
+from .signature import FactorSignature
+from .strategies import Strategy, enumerate_strategies
+
+
+@dataclass
+class KeyInfo:
+    """Everything the later stages need about one equation kind."""
+
+    key: str
+    eqn: int  # a representative equation
+    signature: FactorSignature
+    strategies: list[Strategy]
+    operand_spaces: tuple[Space | None, ...]
+    result_spaces: tuple[Space, ...]
+    fallback: bool = False
+
+
+@dataclass
+class RuleTables:
+    keys: dict[str, KeyInfo] = field(default_factory=dict)  # content key -> info
+    output_key: dict[int, str] = field(default_factory=dict)  # value id -> "key#output"
+    edges: dict[int, list[ReshardEdge]] = field(default_factory=dict)  # space id -> edges
+    fallbacks: list[tuple[int, str, str]] = field(default_factory=list)  # (eqn, primitive, source)
+
+    def info(self, output_key: str) -> tuple[KeyInfo, int]:
+        base, _, idx = output_key.rpartition("#")
+        return self.keys[base], int(idx)
+
+
+def _canon(x: Any) -> str | None:
+    """A deterministic text for simple params; None where equality cannot be trusted."""
+    if x is None or isinstance(x, bool | int | float | complex | str):
+        return repr(x)
+    if isinstance(x, enum.Enum):
+        return f"{type(x).__name__}.{x.name}"
+    if isinstance(x, np.dtype | type) or type(x).__name__ in ("dtype", "DType"):
+        return str(x)
+    if isinstance(x, tuple | list):
+        parts = [_canon(v) for v in x]
+        return None if any(p is None for p in parts) else "(" + ",".join(parts) + ")"  # type: ignore[arg-type]
+    if isinstance(x, frozenset | set):
+        parts = sorted(_canon(v) or "?" for v in x)
+        return "{" + ",".join(parts) + "}"
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return _canon(tuple((f.name, getattr(x, f.name)) for f in dataclasses.fields(x)))
+    if isinstance(x, np.ndarray) and x.size <= 16:
+        return repr(x.tolist()) + str(x.dtype)
+    if isinstance(x, np.generic):
+        return repr(x.item()) + str(x.dtype)
+    try:
+        import jax
+
+        if isinstance(x, jax.sharding.PartitionSpec | jax.sharding.NamedSharding):
+            return str(x)
+        if hasattr(x, "dtype") and hasattr(x, "shape") and np.size(x) <= 16:
+            return repr(np.asarray(x).tolist()) + str(x.dtype)
+    except Exception:  # pragma: no cover - defensive
+        return None
+    return None
+
+
+def _eqn_types(prog: Program, eqn: Equation) -> EqnTypes:
+    in_shapes, in_dtypes, lits, litv = [], [], [], []
+    for a in eqn.inputs:
+        if isinstance(a, Literal):
+            in_shapes.append(tuple(np.shape(a.value)))
+            in_dtypes.append(a.dtype)
+            lits.append(True)
+            litv.append(a.value)
+        else:
+            in_shapes.append(prog.values[a].shape)
+            in_dtypes.append(prog.values[a].dtype)
+            lits.append(False)
+            litv.append(None)
+    outs = [prog.values[o] for o in eqn.outputs]
+    return EqnTypes(
+        name=eqn.name,
+        params=eqn.params,
+        in_shapes=tuple(in_shapes),
+        in_dtypes=tuple(in_dtypes),
+        out_shapes=tuple(v.shape for v in outs),
+        out_dtypes=tuple(v.dtype for v in outs),
+        literal=tuple(lits),
+        literal_values=tuple(litv),
+    )
+
+
+def _content_key(eqn: Equation, t: EqnTypes) -> str:
+    parts = [eqn.name]
+    unique = False
+    for k in sorted(eqn.params):
+        c = _canon(eqn.params[k])
+        if c is None:
+            unique = True
+            c = "?"
+        parts.append(f"{k}={c}")
+    parts.append(repr([(s, str(d)) for s, d in zip(t.in_shapes, t.in_dtypes, strict=True)]))
+    parts.append(repr([(s, str(d)) for s, d in zip(t.out_shapes, t.out_dtypes, strict=True)]))
+    parts.append(repr([(i, _canon(v), str(d)) for i, (lit, v, d) in enumerate(
+        zip(t.literal, t.literal_values, t.in_dtypes, strict=True)) if lit]))
+    if unique:  # params we cannot compare: never merge this equation with another
+        parts.append(f"@{eqn.index}")
+    digest = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
+    name = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in eqn.name)
+    return f"{name}:{digest}"
+
+
+def signature_for(eqn: Equation, t: EqnTypes, fallback: str | None) -> tuple[FactorSignature, bool]:
+    builder = SIGNATURES.get(eqn.name)
+    reason = UNSUPPORTED.get(eqn.name)
+    if builder is not None:
+        try:
+            return builder(t), False
+        except (InvalidSignatureError, KeyError, ValueError, TypeError, IndexError) as e:
+            reason = f"its sharding rule does not apply to these operands: {e}"
+    if fallback == "replicate":
+        return replicated(t), True
+    raise UnsupportedPrimitiveError(eqn.name, eqn.source, reason)
+
+
+def build_tables(prog: Program, spaces: SpaceTable, fallback: str | None) -> RuleTables:
+    mesh: MeshAxes = spaces.mesh
+    tables = RuleTables()
+    value_space = [spaces.space(v.shape, v.dtype) for v in prog.values]
+    for eqn in prog.equations:
+        t = _eqn_types(prog, eqn)
+        key = _content_key(eqn, t)
+        info = tables.keys.get(key)
+        if info is None:
+            sig, fell_back = signature_for(eqn, t, fallback)
+            op_spaces = tuple(None if isinstance(a, Literal) else value_space[a] for a in eqn.inputs)
+            res_spaces = tuple(value_space[o] for o in eqn.outputs)
+            strategies = enumerate_strategies(sig, mesh, spaces, op_spaces, res_spaces)
+            info = KeyInfo(key, eqn.index, sig, strategies, op_spaces, res_spaces, fell_back)
+            tables.keys[key] = info
+        if info.fallback:
+            tables.fallbacks.append((eqn.index, eqn.name, eqn.source))
+        for k, out in enumerate(eqn.outputs):
+            tables.output_key[out] = f"{key}#{k}"
+    for sp in list(spaces.spaces):
+        tables.edges[sp.id] = reshard_edges(sp, spaces)
+    return tables
+
+
+def load_tables(run: EGraphRun, tables: RuleTables) -> None:
+    mesh = run.spaces.mesh
+    strat, strat_in, strat_n = [], [], []
+    for key, info in tables.keys.items():
+        n_out = len(info.result_spaces)
+        n_in = sum(sp is not None for sp in info.operand_spaces)
+        for k in range(n_out):
+            okey = f"{key}#{k}"
+            strat_n.append((okey, n_in))
+            for s, st in enumerate(info.strategies):
+                strat.append((okey, s, st.outs[k]))
+                strat_in.extend((okey, s, pos, lid) for pos, lid in enumerate(st.ins))
+    run.load(generic.StratT, strat)
+    run.load(generic.StratInT, strat_in)
+    run.load(generic.StratNT, strat_n)
+    from ..egraph.export import NodeKind
+
+    rows: dict[NodeKind, list[tuple[int, ...]]] = {k: [] for k in NodeKind}
+    for sp, edges in tables.edges.items():
+        for e in edges:
+            m = mesh.mask(e.axes)
+            if e.kind in (NodeKind.ALL_GATHER, NodeKind.DYN_SLICE, NodeKind.REDUCE_SCATTER):
+                rows[e.kind].append((sp, e.src, m, e.dim, e.dst))
+            elif e.kind == NodeKind.ALL_REDUCE:
+                rows[e.kind].append((sp, e.src, m, e.dst))
+            else:
+                rows[e.kind].append((sp, e.src, m, e.dim, e.dim2, e.dst))
+    run.load(generic.GatherT, rows[NodeKind.ALL_GATHER])
+    run.load(generic.SliceT, rows[NodeKind.DYN_SLICE])
+    run.load(generic.ReduceT, rows[NodeKind.ALL_REDUCE])
+    run.load(generic.ScatterT, rows[NodeKind.REDUCE_SCATTER])
+    run.load(generic.AllToAllT, rows[NodeKind.ALL_TO_ALL])
+
+
+def grow(
+    run: EGraphRun,
+    *,
+    fallback: str | None,
+    limits: Limits,
+    deadline: float,
+    extra: Sequence[Ruleset] = (),
+) -> tuple[RuleTables, SaturationReport]:
+    """Compute the rule tables of the program, load them, and saturate."""
+    import time
+
+    t0 = time.perf_counter()
+    tables = build_tables(run.program, run.spaces, fallback)
+    run.load_program(lambda vid: tables.output_key[vid])
+    load_tables(run, tables)
+    load_s = time.perf_counter() - t0
+    report = run.saturate([generic.local_rules, generic.reshard_rules, *extra], limits, deadline)
+    report.load_seconds = load_s
+    return tables, report

@@ -1,0 +1,438 @@
+"""Factor signatures of JAX primitives: one builder per primitive, all elementwise ops share one.
+
+A builder sees the equation's types and params and returns a FactorSignature over all operands
+(literal scalars included). Everything about one primitive's sharding is its signature.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .signature import FactorSignature, TensorFactors
+
+
+@dataclass(frozen=True)
+class EqnTypes:
+    """What a signature builder may look at."""
+
+    name: str
+    params: Mapping[str, Any]
+    in_shapes: tuple[tuple[int, ...], ...]
+    in_dtypes: tuple[Any, ...]
+    out_shapes: tuple[tuple[int, ...], ...]
+    out_dtypes: tuple[Any, ...]
+    literal: tuple[bool, ...]
+    literal_values: tuple[Any, ...] = ()
+
+    @property
+    def out_size(self) -> int:
+        return math.prod(self.out_shapes[0]) if self.out_shapes else 0
+
+
+Builder = Callable[[EqnTypes], FactorSignature]
+
+
+def _sig(t: EqnTypes, operands: list[TensorFactors], results: list[TensorFactors], **kw: Any) -> FactorSignature:
+    sizes: dict[str, int] = {}
+    for tensors, shapes in ((operands, t.in_shapes), (results, t.out_shapes)):
+        for fac, shape in zip(tensors, shapes, strict=True):
+            for fs, n in zip(fac, shape, strict=True):
+                if len(fs) == 1:
+                    sizes.setdefault(fs[0], n)
+    for k, v in kw.pop("sizes", {}).items():
+        sizes[k] = v
+    sig = FactorSignature(tuple(operands), tuple(results), sizes, name=t.name, **kw)
+    return sig.validate(t.in_shapes, t.out_shapes)
+
+
+def _dims(prefix: str, rank: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(rank)]
+
+
+def _is_float(dtype: Any) -> bool:
+    try:
+        return np.issubdtype(np.dtype(dtype), np.inexact)
+    except TypeError:
+        return False
+
+
+# ---- elementwise -----------------------------------------------------------------------------
+
+_ADDITIVE = {"add", "sub", "add_any"}
+_UNARY_LINEAR = {
+    "neg", "copy", "copy_p", "real", "imag", "conj", "stop_gradient", "sharding_constraint",
+    "device_put", "reduce_precision_linear",
+}
+
+
+def _linear_groups(t: EqnTypes) -> tuple[tuple[int, ...], ...]:
+    n = len(t.in_shapes)
+    name = t.name
+    if name in _ADDITIVE:
+        return (tuple(range(n)),)
+    if name in _UNARY_LINEAR:
+        return ((0,),)
+    if name == "convert_element_type":
+        ok = _is_float(t.out_dtypes[0]) and np.dtype(t.in_dtypes[0]) != np.dtype(bool)
+        return ((0,),) if ok else ()
+    if name == "mul":
+        return ((0,), (1,))
+    if name == "div":
+        return ((0,),)
+    if name == "select_n":
+        return (tuple(range(1, n)),)
+    return ()
+
+
+def elementwise(t: EqnTypes) -> FactorSignature:
+    shape = t.out_shapes[0]
+    fac = _dims("d", len(shape))
+    operands: list[TensorFactors] = []
+    for s in t.in_shapes:
+        if len(s) == 0:
+            operands.append(())
+        else:
+            operands.append(tuple((f,) if n == m else () for f, n, m in zip(fac, s, shape, strict=True)))
+    results = [tuple((f,) for f in fac) for _ in t.out_shapes]
+    return _sig(t, operands, results, linear=_linear_groups(t), flops=float(t.out_size * max(1, len(t.in_shapes) - 1)))
+
+
+ELEMENTWISE = ["abs", "acos", "acosh", "add", "add_any", "and", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "ceil", "clamp", "clz", "conj", "convert_element_type", "copy", "copy_p", "cos", "cosh", "digamma", "div", "eq", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "floor", "ge", "gt", "igamma", "igammac", "imag", "integer_pow", "is_finite", "le", "lgamma", "log", "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "nextafter", "not", "or", "population_count", "pow", "real", "reduce_precision", "rem", "round", "rsqrt", "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "sin", "sinh", "sqrt", "square", "stop_gradient", "sub", "tan", "tanh", "xor", "bessel_i0e", "bessel_i1e", "polygamma", "zeta", "regularized_incomplete_beta", "random_gamma_grad", "threefry2x32", "sharding_constraint", "device_put", "optimization_barrier"]
+
+
+# ---- contractions and reductions -------------------------------------------------------------
+
+def dot_general(t: EqnTypes) -> FactorSignature:
+    (lc, rc), (lb, rb) = t.params["dimension_numbers"]
+    lr, rr = len(t.in_shapes[0]), len(t.in_shapes[1])
+    lhs: list[tuple[str, ...]] = [()] * lr
+    rhs: list[tuple[str, ...]] = [()] * rr
+    out: list[tuple[str, ...]] = []
+    reduction = []
+    for i, (a, b) in enumerate(zip(lb, rb, strict=True)):
+        lhs[a] = rhs[b] = (f"b{i}",)
+        out.append((f"b{i}",))
+    for i, (a, b) in enumerate(zip(lc, rc, strict=True)):
+        lhs[a] = rhs[b] = (f"k{i}",)
+        reduction.append(f"k{i}")
+    for i in range(lr):
+        if i not in lc and i not in lb:
+            lhs[i] = (f"m{i}",)
+            out.append((f"m{i}",))
+    for i in range(rr):
+        if i not in rc and i not in rb:
+            rhs[i] = (f"n{i}",)
+            out.append((f"n{i}",))
+    k = math.prod(t.in_shapes[0][a] for a in lc)
+    return _sig(t, [tuple(lhs), tuple(rhs)], [tuple(out)], reduction=frozenset(reduction),
+                linear=((0,), (1,)), flops=2.0 * t.out_size * k)
+
+
+def _reduce(t: EqnTypes, *, summed: bool) -> FactorSignature:
+    axes = tuple(t.params["axes"])
+    fac = _dims("d", len(t.in_shapes[0]))
+    kept = [(f,) for i, f in enumerate(fac) if i not in axes]
+    red = frozenset(fac[i] for i in axes)
+    operand = tuple((f,) for f in fac)
+    n_in = math.prod(t.in_shapes[0])
+    if summed:
+        return _sig(t, [operand], [tuple(kept)], reduction=red, linear=((0,),), flops=float(n_in))
+    results = [tuple(kept) for _ in t.out_shapes]
+    return _sig(t, [operand] * len(t.in_shapes), results, need_replication=red, flops=float(n_in))
+
+
+def reduce_sum(t: EqnTypes) -> FactorSignature:
+    return _reduce(t, summed=True)
+
+
+def reduce_other(t: EqnTypes) -> FactorSignature:
+    return _reduce(t, summed=False)
+
+
+def argminmax(t: EqnTypes) -> FactorSignature:
+    return _reduce(t, summed=False)
+
+
+def cumulative(t: EqnTypes) -> FactorSignature:
+    axis = int(t.params["axis"])
+    fac = _dims("d", len(t.in_shapes[0]))
+    ten = tuple((f,) for f in fac)
+    linear = ((0,),) if t.name == "cumsum" else ()
+    return _sig(t, [ten], [ten], need_replication=frozenset({fac[axis]}), linear=linear,
+                flops=float(t.out_size))
+
+
+# ---- data movement ---------------------------------------------------------------------------
+
+def broadcast_in_dim(t: EqnTypes) -> FactorSignature:
+    shape = t.out_shapes[0]
+    bdims = tuple(t.params["broadcast_dimensions"])
+    fac = _dims("d", len(shape))
+    in_shape = t.in_shapes[0]
+    operand = tuple((fac[o],) if in_shape[i] == shape[o] else () for i, o in enumerate(bdims))
+    extra = [()] * (len(t.in_shapes) - 1)  # dynamic shape operands (unused in static programs)
+    return _sig(t, [operand, *extra], [tuple((f,) for f in fac)], linear=((0,),), flops=0.0)
+
+
+def transpose(t: EqnTypes) -> FactorSignature:
+    perm = tuple(t.params["permutation"])
+    fac = _dims("d", len(t.in_shapes[0]))
+    return _sig(t, [tuple((f,) for f in fac)], [tuple((fac[p],) for p in perm)], linear=((0,),))
+
+
+def squeeze(t: EqnTypes) -> FactorSignature:
+    dims = set(t.params["dimensions"])
+    fac = _dims("d", len(t.in_shapes[0]))
+    operand = tuple(() if i in dims else (f,) for i, f in enumerate(fac))
+    result = tuple((f,) for i, f in enumerate(fac) if i not in dims)
+    return _sig(t, [operand], [result], linear=((0,),))
+
+
+def expand_dims(t: EqnTypes) -> FactorSignature:
+    dims = set(t.params["dimensions"])
+    out_rank = len(t.out_shapes[0])
+    it = iter(_dims("d", len(t.in_shapes[0])))
+    result = tuple(() if i in dims else (next(it),) for i in range(out_rank))
+    operand = tuple(r for r in result if r)
+    return _sig(t, [operand], [result], linear=((0,),))
+
+
+def reshape_factors(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple[TensorFactors, TensorFactors, dict[str, int], frozenset[str]]:
+    """Factor a reshape: dims of equal running product form groups; inside a group, a common
+    refinement of both sides' dims into factors (major first). Where none exists, the group is
+    one need-replication blob."""
+    ins: list[list[str]] = [[] for _ in in_shape]
+    outs: list[list[str]] = [[] for _ in out_shape]
+    sizes: dict[str, int] = {}
+    blobs: set[str] = set()
+    i = j = 0
+    counter = 0
+    while i < len(in_shape) or j < len(out_shape):
+        # skip size-1 dims: they carry no factor
+        if i < len(in_shape) and in_shape[i] == 1:
+            i += 1
+            continue
+        if j < len(out_shape) and out_shape[j] == 1:
+            j += 1
+            continue
+        gi, gj = [i], [j]
+        pi, pj = in_shape[i], out_shape[j]
+        while pi != pj:
+            if pi < pj:
+                i += 1
+                gi.append(i)
+                pi *= in_shape[i]
+            else:
+                j += 1
+                gj.append(j)
+                pj *= out_shape[j]
+        i += 1
+        j += 1
+        gi = [d for d in gi if in_shape[d] != 1]
+        gj = [d for d in gj if out_shape[d] != 1]
+        # common refinement by cumulative products
+        cut_in = np.cumprod([in_shape[d] for d in gi]).tolist()
+        cut_out = np.cumprod([out_shape[d] for d in gj]).tolist()
+        cuts = sorted(set(cut_in) | set(cut_out))
+        ok = all(b % a == 0 for a, b in zip([1, *cuts[:-1]], cuts, strict=True))
+        if ok:
+            prev = 1
+            names = []
+            for c in cuts:
+                name = f"r{counter}"
+                counter += 1
+                sizes[name] = c // prev
+                names.append((name, c))
+                prev = c
+            for dims, cum, tgt in ((gi, cut_in, ins), (gj, cut_out, outs)):
+                lo = 1
+                for d, hi in zip(dims, cum, strict=True):
+                    tgt[d] = [n for n, c in names if lo < c <= hi]
+                    lo = hi
+        else:
+            # No common refinement: the major-most factor shared by both sides is still safe to
+            # split (the gcd of the leading dims); the rest stays replicated.
+            g = math.gcd(in_shape[gi[0]], out_shape[gj[0]])
+            lead = f"r{counter}"
+            counter += 1
+            sizes[lead] = g
+            for dims, shape, tgt in ((gi, in_shape, ins), (gj, out_shape, outs)):
+                rest = f"r{counter}"
+                counter += 1
+                sizes[rest] = shape[dims[0]] // g
+                blobs.add(rest)
+                tgt[dims[0]] = [lead, rest] if sizes[rest] > 1 else [lead]
+                if sizes[rest] == 1:
+                    blobs.discard(rest)
+                    del sizes[rest]
+                for d in dims[1:]:
+                    name = f"r{counter}"
+                    counter += 1
+                    sizes[name] = shape[d]
+                    blobs.add(name)
+                    tgt[d] = [name]
+    return (tuple(tuple(x) for x in ins), tuple(tuple(x) for x in outs), sizes, frozenset(blobs))
+
+
+def reshape(t: EqnTypes) -> FactorSignature:
+    ins, outs, sizes, blobs = reshape_factors(t.in_shapes[0], t.out_shapes[0])
+    extra = [()] * (len(t.in_shapes) - 1)
+    return _sig(t, [ins, *extra], [outs], sizes=sizes, need_replication=blobs, linear=((0,),))
+
+
+def iota(t: EqnTypes) -> FactorSignature:
+    fac = _dims("d", len(t.out_shapes[0]))
+    return _sig(t, [() for _ in t.in_shapes], [tuple((f,) for f in fac)], flops=float(t.out_size))
+
+
+def _same_except(t: EqnTypes, fixed: set[int], operand_idx: list[int],
+                 linear: tuple[tuple[int, ...], ...] = ((0,),)) -> FactorSignature:
+    """Operands in `operand_idx` and the result share dims, except dims in `fixed` or of another
+    size, which get their own need-replication factor. Other operands (scalar indices) have none."""
+    out_shape = t.out_shapes[0]
+    sizes: dict[str, int] = {}
+    need: set[str] = set()
+
+    def tensor(tag: str, shape: tuple[int, ...]) -> TensorFactors:
+        dims: list[tuple[str, ...]] = []
+        for d, n in enumerate(shape):
+            if d in fixed or n != out_shape[d]:
+                if n == 1:
+                    dims.append(())
+                    continue
+                name = f"{tag}_{d}"
+                sizes[name] = n
+                need.add(name)
+                dims.append((name,))
+            else:
+                dims.append((f"d{d}",))
+        return tuple(dims)
+
+    operands = [tensor(f"x{i}", s) if i in operand_idx else tuple(() for _ in s)
+                for i, s in enumerate(t.in_shapes)]
+    result = tensor("y", out_shape)
+    return _sig(t, operands, [result], sizes=sizes, need_replication=frozenset(need), linear=linear)
+
+
+def slice_(t: EqnTypes) -> FactorSignature:
+    in_shape, out_shape = t.in_shapes[0], t.out_shapes[0]
+    strides = t.params.get("strides") or (1,) * len(in_shape)
+    fixed = {d for d in range(len(in_shape)) if in_shape[d] != out_shape[d] or strides[d] != 1}
+    return _same_except(t, fixed, [0])
+
+
+def pad(t: EqnTypes) -> FactorSignature:
+    cfg = t.params["padding_config"]
+    fixed = {d for d, (lo, hi, it) in enumerate(cfg) if lo or hi or it}
+    # A pending sum passes through padding only if every device pads with a literal zero.
+    zero_pad = len(t.literal) > 1 and t.literal[1] and float(np.asarray(t.literal_values[1])) == 0.0
+    linear: tuple[tuple[int, ...], ...] = ((0,),) if zero_pad else ()
+    return _same_except(t, fixed, [0], linear=linear)
+
+
+def dynamic_slice(t: EqnTypes) -> FactorSignature:
+    in_shape, out_shape = t.in_shapes[0], t.out_shapes[0]
+    fixed = {d for d in range(len(in_shape)) if in_shape[d] != out_shape[d]}
+    return _same_except(t, fixed, [0])
+
+
+def dynamic_update_slice(t: EqnTypes) -> FactorSignature:
+    in_shape, upd = t.in_shapes[0], t.in_shapes[1]
+    fixed = {d for d in range(len(in_shape)) if in_shape[d] != upd[d]}
+    return _same_except(t, fixed, [0, 1], linear=((0, 1),))
+
+
+def concatenate(t: EqnTypes) -> FactorSignature:
+    dim = int(t.params["dimension"])
+    return _same_except(t, {dim}, list(range(len(t.in_shapes))), linear=(tuple(range(len(t.in_shapes))),))
+
+
+def rev(t: EqnTypes) -> FactorSignature:
+    return _same_except(t, set(t.params["dimensions"]), [0])
+
+
+def sort(t: EqnTypes) -> FactorSignature:
+    dim = int(t.params["dimension"])
+    fac = _dims("d", len(t.in_shapes[0]))
+    ten = tuple((f,) for f in fac)
+    return _sig(t, [ten] * len(t.in_shapes), [ten] * len(t.out_shapes), need_replication=frozenset({fac[dim]}),
+                flops=float(t.out_size * max(1, math.ceil(math.log2(max(2, t.in_shapes[0][dim]))))))
+
+
+def top_k(t: EqnTypes) -> FactorSignature:
+    rank = len(t.in_shapes[0])
+    fac = _dims("d", rank)
+    operand = (*tuple((f,) for f in fac[:-1]), ("kin",))
+    result = (*tuple((f,) for f in fac[:-1]), ("kout",))
+    return _sig(t, [operand], [result] * len(t.out_shapes), need_replication=frozenset({"kin", "kout"}),
+                sizes={"kin": t.in_shapes[0][-1], "kout": t.out_shapes[0][-1]})
+
+
+def split(t: EqnTypes) -> FactorSignature:
+    axis = int(t.params["axis"])
+    rank = len(t.in_shapes[0])
+    fac = _dims("d", rank)
+    operand = tuple(("sin",) if d == axis else (f,) for d, f in enumerate(fac))
+    results = []
+    sizes: dict[str, int] = {"sin": t.in_shapes[0][axis]}
+    for k, s in enumerate(t.out_shapes):
+        results.append(tuple((f"s{k}",) if d == axis else (f,) for d, f in enumerate(fac)))
+        sizes[f"s{k}"] = s[axis]
+    need = frozenset(sizes)
+    return _sig(t, [operand], results, sizes=sizes, need_replication=need, linear=((0,),))
+
+
+def clamp(t: EqnTypes) -> FactorSignature:
+    return elementwise(t)
+
+
+def bitcast_convert_type(t: EqnTypes) -> FactorSignature:
+    if t.in_shapes[0] == t.out_shapes[0]:
+        return elementwise(t)
+    # width change adds or drops a minor dimension: keep it whole
+    a, b = t.in_shapes[0], t.out_shapes[0]
+    common = min(len(a), len(b))
+    fac = _dims("d", common)
+    operand = tuple((f,) for f in fac) + ((("w_in",),) if len(a) > common else ())
+    result = tuple((f,) for f in fac) + ((("w_out",),) if len(b) > common else ())
+    sizes = {}
+    if len(a) > common:
+        sizes["w_in"] = a[-1]
+    if len(b) > common:
+        sizes["w_out"] = b[-1]
+    return _sig(t, [operand], [result], sizes=sizes, need_replication=frozenset(sizes))
+
+
+def replicated(t: EqnTypes) -> FactorSignature:
+    """Every dimension of every operand and result replicated: the fallback signature."""
+    operands = []
+    sizes: dict[str, int] = {}
+    for i, s in enumerate(t.in_shapes):
+        dims = []
+        for d, n in enumerate(s):
+            name = f"i{i}_{d}"
+            if n != 1:
+                sizes[name] = n
+                dims.append((name,))
+            else:
+                dims.append(())
+        operands.append(tuple(dims))
+    results = []
+    for i, s in enumerate(t.out_shapes):
+        dims = []
+        for d, n in enumerate(s):
+            name = f"o{i}_{d}"
+            if n != 1:
+                sizes[name] = n
+                dims.append((name,))
+            else:
+                dims.append(())
+        results.append(tuple(dims))
+    sig = FactorSignature(tuple(operands), tuple(results), sizes, need_replication=frozenset(sizes),
+                          name=f"{t.name} (replicated)")
+    return sig.validate(t.in_shapes, t.out_shapes)

@@ -1,0 +1,305 @@
+"""The Plan: what extraction chose, as shardings a JAX user can read and a function they can run."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ..egraph.export import ExportedGraph, NodeKind
+from ..egraph.layout import Layout, MeshAxes, SpaceTable, auto_mesh
+from ..egraph.program import Literal, Program
+from ..errors import ShardsatError
+from ..extract.profile import DeviceProfile
+from ..extract.result import Extraction
+from ..limits import StopReason
+from ..rules.apply import RuleTables
+from .hlo import count_collectives
+from .lower import EqnRun, make_interpreter
+
+KIND_NAMES = {
+    NodeKind.ALL_GATHER: "all-gather",
+    NodeKind.ALL_REDUCE: "all-reduce",
+    NodeKind.REDUCE_SCATTER: "reduce-scatter",
+    NodeKind.ALL_TO_ALL: "all-to-all",
+    NodeKind.DYN_SLICE: "dynamic-slice",
+}
+
+
+@dataclass(frozen=True)
+class Collective:
+    kind: str  # all-gather, all-reduce, reduce-scatter, all-to-all
+    axes: tuple[str, ...]
+    bytes: int  # per-device buffer (the larger side)
+    moved_bytes: float  # bytes each device sends
+    seconds: float
+    value: str  # the tensor: source line and shape
+    src: str  # layout before, as a PartitionSpec
+    dst: str  # layout after
+    reason: str  # which consumer needed it
+
+
+@dataclass
+class PlanCost:
+    compute_s: float
+    communication_s: float
+    total_s: float
+    collectives: list[Collective]
+    argument_bytes: int  # per device, all arguments
+    output_bytes: int  # per device, all outputs
+    argument_bytes_by_path: dict[str, int] = field(default_factory=dict)
+
+    def count(self) -> Counter[str]:
+        return Counter(c.kind for c in self.collectives)
+
+
+@dataclass
+class Report:
+    e_classes: int
+    e_nodes: int
+    iterations: int
+    saturation_s: float
+    extraction_s: float
+    stop_reason: StopReason
+    trace_s: float = 0.0
+    rules_s: float = 0.0
+    method: str = "greedy-dag"
+    sweeps: int = 0
+    equations: int = 0
+    fallbacks: list[str] = field(default_factory=list)
+
+    @property
+    def total_s(self) -> float:
+        return self.trace_s + self.rules_s + self.saturation_s + self.extraction_s
+
+    def __str__(self) -> str:
+        s = (
+            f"{self.equations} equations -> {self.e_classes} e-classes, {self.e_nodes} e-nodes; "
+            f"saturation {self.saturation_s:.3f}s in {self.iterations} iterations ({self.stop_reason.value}); "
+            f"extraction {self.extraction_s:.3f}s ({self.method}, {self.sweeps} sweeps); total {self.total_s:.3f}s"
+        )
+        if self.fallbacks:
+            s += f"; replicated by fallback: {', '.join(self.fallbacks)}"
+        return s
+
+
+class Plan:
+    """A sharding plan for one function, mesh and device profile."""
+
+    def __init__(
+        self,
+        *,
+        fn: Callable[..., Any],
+        program: Program,
+        mesh: Mesh,
+        spaces: SpaceTable,
+        tables: RuleTables,
+        graph: ExportedGraph,
+        extraction: Extraction,
+        profile: DeviceProfile,
+        report: Report,
+    ) -> None:
+        self.fn = fn
+        self.program = program
+        self.mesh = mesh
+        self.runtime_mesh = auto_mesh(mesh)
+        self.axes: MeshAxes = spaces.mesh
+        self.spaces = spaces
+        self.tables = tables
+        self.graph = graph
+        self.extraction = extraction
+        self.profile = profile
+        self.report = report
+        self._layouts = spaces.layouts.layouts
+        self._assign()
+        self.cost = self._cost()
+        self._jitted: Any = None
+
+    # -- assignment -----------------------------------------------------------------------------
+    def _assign(self) -> None:
+        g, prog, ex = self.graph, self.program, self.extraction
+        self.produced: dict[int, int] = {}
+        for vid in range(len(prog.values)):
+            grp = g.value_group.get(vid)
+            if grp is not None and grp in ex.choices:
+                self.produced[vid] = ex.choices[grp].layout
+        runs: list[EqnRun] = []
+        for eqn in prog.equations:
+            by_strategy: dict[int, list[tuple[int, int]]] = {}
+            for k, out in enumerate(eqn.outputs):
+                grp = g.value_group.get(out)
+                if grp is None or grp not in ex.choices:
+                    continue
+                node = ex.choices[grp].node
+                okey = self.tables.output_key[out]
+                nkey = g.node_key[node]
+                if NodeKind(int(g.node_kind[node])) != NodeKind.LOCAL or nkey is None:
+                    raise ShardsatError(f"Value {out} is produced by a non-local node; cannot lower.")
+                if nkey.rpartition("#")[0] != okey.rpartition("#")[0]:
+                    raise ShardsatError(
+                        f"The plan computes `{eqn.name}` at {eqn.source} through a rewritten term "
+                        f"({nkey}); lowering rewritten terms is not supported yet."
+                    )
+                by_strategy.setdefault(int(g.node_a[node]), []).append((k, ex.choices[grp].layout))
+            info, _ = self.tables.info(self.tables.output_key[eqn.outputs[0]]) if eqn.outputs else (None, 0)
+            for s, outs in by_strategy.items():
+                st = info.strategies[s]  # type: ignore[union-attr]
+                runs.append(EqnRun(eqn.index, st.ins, tuple(outs)))
+        self.runs = runs
+
+    def layout_of(self, vid: int) -> Layout | None:
+        lid = self.produced.get(vid)
+        return None if lid is None else self._layouts[lid]
+
+    def _sharding(self, lid: int | None) -> NamedSharding:
+        spec = PartitionSpec() if lid is None else self._layouts[lid].spec(self.axes)
+        return NamedSharding(self.runtime_mesh, spec)
+
+    @property
+    def in_shardings(self) -> tuple[Any, ...]:
+        """One pytree of NamedSharding per positional argument."""
+        leaves = [self._sharding(self.produced.get(vid)) for vid in self.program.args]
+        return tuple(jax.tree_util.tree_unflatten(self.program.in_tree, leaves))
+
+    @property
+    def out_shardings(self) -> Any:
+        leaves = []
+        for o, lid in zip(self.program.outputs, self.extraction.root_layouts, strict=True):
+            leaves.append(self._sharding(None if isinstance(o, Literal) else lid))
+        return jax.tree_util.tree_unflatten(self.program.out_tree, leaves)
+
+    # -- running --------------------------------------------------------------------------------
+    def jit(self, *, donate_argnums: tuple[int, ...] = ()) -> Any:
+        """`jax.jit` of the planned program with the plan's shardings."""
+        if self._jitted is not None and not donate_argnums:
+            return self._jitted
+        interp = make_interpreter(
+            self.program, self.runs, self.produced, self._layouts, self.axes, self.runtime_mesh
+        )
+        prog = self.program
+
+        def planned(*args: Any) -> Any:
+            leaves, tree = jax.tree_util.tree_flatten(args)
+            if tree != prog.in_tree:
+                raise ShardsatError(
+                    f"plan.jit() of `{prog.name}` got arguments with structure {tree}, but the plan was "
+                    f"made for {prog.in_tree}. Consider planning again for these arguments."
+                )
+            outs = interp(*leaves)
+            return jax.tree_util.tree_unflatten(prog.out_tree, outs)
+
+        planned.__name__ = f"planned_{prog.name}"
+        f = jax.jit(planned, in_shardings=self.in_shardings, out_shardings=self.out_shardings,
+                    donate_argnums=donate_argnums)
+        if not donate_argnums:
+            self._jitted = f
+        return f
+
+    def hlo_collectives(self, *args: Any) -> Counter[str]:
+        """Collectives XLA emits for this plan (compiled for `args`, or the traced shapes)."""
+        if not args:
+            args = tuple(jax.tree_util.tree_unflatten(
+                self.program.in_tree,
+                [jax.ShapeDtypeStruct(self.program.values[v].shape, self.program.values[v].dtype)
+                 for v in self.program.args]))
+        text = self.jit().lower(*args).compile().as_text()
+        return count_collectives(text)
+
+    def predicted_collectives(self) -> Counter[str]:
+        return self.cost.count()
+
+    # -- cost -----------------------------------------------------------------------------------
+    def _describe_value(self, grp: int) -> str:
+        vids = self.graph.group_values[grp]
+        if not vids:
+            return f"group {grp}"
+        v = self.program.values[vids[0]]
+        shape = "x".join(map(str, v.shape)) or "scalar"
+        if v.arg is not None:
+            return f"{self.program.arg_paths[v.arg]} {v.dtype}[{shape}]"
+        if v.producer is not None:
+            e = self.program.equations[v.producer]
+            return f"{e.name} at {e.source} {v.dtype}[{shape}]"
+        return f"const {v.dtype}[{shape}]"
+
+    def _consumers(self) -> dict[tuple[int, int], list[str]]:
+        """(group, layout) -> who needs the value in that layout."""
+        out: dict[tuple[int, int], list[str]] = {}
+        g, prog = self.graph, self.program
+        for r in self.runs:
+            eqn = prog.equations[r.eqn]
+            it = iter(r.operand_layouts)
+            for a in eqn.inputs:
+                if isinstance(a, Literal):
+                    continue
+                lid = next(it)
+                out.setdefault((g.value_group[a], lid), []).append(f"{eqn.name} at {eqn.source}")
+        for k, (o, lid) in enumerate(zip(prog.outputs, self.extraction.root_layouts, strict=True)):
+            if not isinstance(o, Literal) and lid is not None:
+                out.setdefault((g.value_group[o], lid), []).append(f"output {prog.out_paths[k]}")
+        return out
+
+    def _cost(self) -> PlanCost:
+        ex = self.extraction
+        compute = 0.0
+        comm = 0.0
+        colls: list[Collective] = []
+        consumers = self._consumers()
+        for grp in sorted(ex.choices):
+            ch = ex.choices[grp]
+            compute += ch.node_seconds
+            # which demanded layouts does each step lead to?
+            leads: dict[int, set[int]] = {s.dst: {s.dst} for s in ch.steps}
+            for s in reversed(ch.steps):
+                for t in list(leads.get(s.dst, ())):
+                    leads.setdefault(s.src, set()).add(t)
+            for s in ch.steps:
+                if s.kind == NodeKind.DYN_SLICE:
+                    compute += s.seconds
+                    continue
+                comm += s.seconds
+                needs = sorted({c for t in leads.get(s.dst, ()) if t in ch.demanded
+                                for c in consumers.get((grp, t), [])})
+                reason = "for " + "; ".join(needs[:3]) + (f" (+{len(needs) - 3} more)" if len(needs) > 3 else "") if needs else ""
+                colls.append(Collective(
+                    kind=KIND_NAMES[s.kind],
+                    axes=tuple(self.axes.names[a] for a in s.axes),
+                    bytes=s.buffer_bytes,
+                    moved_bytes=s.moved_bytes,
+                    seconds=s.seconds,
+                    value=self._describe_value(grp),
+                    src=self._layouts[s.src].describe(self.axes),
+                    dst=self._layouts[s.dst].describe(self.axes),
+                    reason=reason,
+                ))
+        arg_bytes = 0
+        by_path: dict[str, int] = {}
+        for pos, vid in enumerate(self.program.args):
+            v = self.program.values[vid]
+            sp = self.spaces.space(v.shape, v.dtype)
+            lid = self.produced.get(vid)
+            b = self.spaces.shard_bytes(sp, lid) if lid is not None else v.nbytes
+            by_path[self.program.arg_paths[pos]] = b
+            arg_bytes += b
+        out_bytes = 0
+        for o, lid in zip(self.program.outputs, ex.root_layouts, strict=True):
+            if isinstance(o, Literal) or lid is None:
+                continue
+            v = self.program.values[o]
+            out_bytes += self.spaces.shard_bytes(self.spaces.space(v.shape, v.dtype), lid)
+        return PlanCost(compute, comm, compute + comm, colls, arg_bytes, out_bytes, by_path)
+
+    # -- presentation ---------------------------------------------------------------------------
+    def explain(self) -> str:
+        from .explain import explain
+
+        return explain(self)
+
+    def __repr__(self) -> str:
+        c = self.cost
+        return (f"<Plan {self.program.name} on {dict(zip(self.axes.names, self.axes.sizes, strict=True))}: "
+                f"{c.total_s * 1e6:.1f} us predicted, {len(c.collectives)} collectives>")
