@@ -13,11 +13,12 @@ from .egraph.export import export
 from .egraph.layout import MeshAxes, SpaceTable
 from .egraph.program import Literal, trace
 from .egraph.run import EGraphRun
-from .errors import InvalidArgumentError, InvalidMeshError
+from .errors import InvalidArgumentError, InvalidMeshError, NoPlanError
 from .extract.cost import CostModel
 from .extract.greedy import Extractor
 from .extract.profile import DeviceProfile, get_profile
 from .limits import Limits, StopReason
+from .pins import resolve_pins
 from .rules.apply import grow
 from .runtime.plan import Plan, Report
 
@@ -32,6 +33,8 @@ def saturate_and_extract(
     limits: Limits | None = None,
     fallback: str | None = None,
     rules: Sequence[Ruleset] = (),
+    in_shardings: Any = None,
+    out_shardings: Any = None,
 ) -> Plan:
     """Plan how to shard `fn(*example_args)` over `mesh`.
 
@@ -42,6 +45,9 @@ def saturate_and_extract(
     fallback: "replicate" keeps equations without a sharding rule replicated (listed in the plan)
       instead of raising UnsupportedPrimitiveError.
     rules: extra egglog rulesets saturated with the built-in ones.
+    in_shardings / out_shardings: optional pins, pytree prefixes of the arguments (a tuple, one
+      entry per positional argument) and of the output, with PartitionSpec / NamedSharding leaves
+      as hard constraints and None leaves left free.
     """
     if not isinstance(mesh, Mesh):
         raise InvalidMeshError(
@@ -58,6 +64,7 @@ def saturate_and_extract(
     program = trace(fn, example_args)
     t_trace = time.perf_counter() - start
     spaces = SpaceTable(MeshAxes.from_mesh(mesh))
+    arg_pins, out_pins = resolve_pins(program, spaces, in_shardings, out_shardings, program.name)
     run = EGraphRun(program, spaces)
     try:
         tables, sat = grow(run, fallback=fallback, limits=limits, deadline=deadline, extra=rules)
@@ -67,9 +74,23 @@ def saturate_and_extract(
     t1 = time.perf_counter()
     model = CostModel(prof, spaces, tables)
     node_cost = model.node_costs(graph, run.value_space)
-    extractor = Extractor(graph, node_cost, run.value_space, spaces, tables.edges, model)
-    roots = [(graph.value_group[o], None) for o in program.outputs if not isinstance(o, Literal)]
-    extraction = extractor.run(roots, deadline=deadline)
+    extractor = Extractor(graph, node_cost, run.value_space, spaces, tables.edges, model,
+                          describe=lambda grp: describe_group(program, graph, grp))
+    roots = [
+        (graph.value_group[o], None if k not in out_pins else frozenset({out_pins[k]}))
+        for k, o in enumerate(program.outputs) if not isinstance(o, Literal)
+    ]
+    place_pins = {graph.value_group[program.args[pos]]: lay for pos, lay in arg_pins.items()}
+    try:
+        extraction = extractor.run(roots, deadline=deadline, place_pins=place_pins)
+    except NoPlanError as e:
+        if sat.stop_reason == StopReason.SATURATED:
+            raise
+        raise NoPlanError(
+            f"{e} The search stopped early at the {sat.stop_reason.value} ({sat.iterations} iterations, "
+            f"{sat.nodes} e-nodes, {sat.seconds:.2f} s) before every value had a plan. Consider raising "
+            f"shardsat.Limits (now {limits})."
+        ) from e
     root_layouts: list[int | None] = []
     it = iter(extraction.root_layouts)
     for o in program.outputs:
@@ -103,4 +124,22 @@ def saturate_and_extract(
         extraction=extraction,
         profile=prof,
         report=report,
+        arg_pins=arg_pins,
     )
+
+
+def describe_group(program: Any, graph: Any, grp: int) -> str:
+    """A value e-class in user terms: its argument path or output path, or its equation."""
+    vids = graph.group_values[grp]
+    for k, o in enumerate(program.outputs):
+        if not isinstance(o, Literal) and o in vids:
+            return f"output {program.out_paths[k]}"
+    if not vids:
+        return f"a rewritten value (e-class {grp})"
+    v = program.values[vids[0]]
+    if v.arg is not None:
+        return f"argument {program.arg_paths[v.arg]}"
+    if v.producer is not None:
+        e = program.equations[v.producer]
+        return f"the result of `{e.name}` at {e.source}"
+    return "a constant"

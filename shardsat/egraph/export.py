@@ -131,8 +131,11 @@ def export(egraph: EGraph) -> ExportedGraph:
         cl.append(to_i64(r.inputs[1]))
     # operand lists
     cons = {r.output: (r.inputs[0], r.inputs[1]) for r in rows(DList.cons)}
+    nils = {r.output for r in rows(DList.nil)}
 
     def resolve(dl: Any) -> list[int] | None:
+        """Operand classes of a list, or None while the list is not fully built (a search that
+        stopped early)."""
         out = []
         while dl in cons:
             head, dl = cons[dl]
@@ -140,7 +143,7 @@ def export(egraph: EGraph) -> ExportedGraph:
             if c is None:
                 return None
             out.append(c)
-        return out
+        return out if dl in nils else None
 
     node_class: list[int] = []
     node_kind: list[int] = []

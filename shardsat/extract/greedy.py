@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,8 +81,10 @@ class Extractor:
         spaces: SpaceTable,
         edges: dict[int, list[ReshardEdge]],
         model: CostModel,
+        describe: Callable[[int], str] | None = None,
     ) -> None:
         self.g = g
+        self.describe = describe or (lambda grp: f"value group {grp}")
         self.cost = node_cost
         self.spaces = spaces
         self.model = model
@@ -188,9 +190,17 @@ class Extractor:
         roots: Sequence[tuple[int, frozenset[int] | None]],
         deadline: float,
         max_sweeps: int = 50,
+        place_pins: dict[int, int] | None = None,
     ) -> Extraction:
+        """roots: (group, allowed layouts or None for any non-partial) per output.
+        place_pins: group -> the layout an input must be placed in."""
         t0 = time.perf_counter()
         g = self.g
+        for grp, lay in (place_pins or {}).items():
+            self.prod[grp] = [
+                n for n in self.prod[grp]
+                if NodeKind(int(g.node_kind[n])) != NodeKind.PLACE or int(g.node_b[n]) == lay
+            ]
         G = g.num_groups
         C = g.num_classes
         cls_layout = g.class_layout
@@ -236,8 +246,8 @@ class Extractor:
                     best_c, best_v = c, est[c]
             if best_c < 0:
                 raise NoPlanError(
-                    f"No layout of output value group {grp} can be produced"
-                    + (" within its pinned layouts." if allowed is not None else ".")
+                    f"No layout of {self.describe(grp)} can be produced"
+                    + (" within its pinned layout." if allowed is not None else ".")
                 )
             demand[grp][int(cls_layout[best_c])] += 1
             root_layouts.append(int(cls_layout[best_c]))
@@ -255,14 +265,14 @@ class Extractor:
                 if v < best_v:
                     best_n, best_v = n, v
             if best_n < 0:
-                vids = g.group_values[grp]
-                raise NoPlanError(f"No way to produce program value(s) {vids[:4]} in the layouts its consumers need.")
+                raise NoPlanError(f"No way to produce {self.describe(grp)} in the layouts its consumers need.")
             choice[grp] = best_n
             for c in self.kids[best_n]:
                 demand[int(cls_group[c])][int(cls_layout[c])] += 1
-        # 3. exact improvement sweeps
+        # 3. improvement: exact single-value moves, then exact chain re-labelling (Viterbi)
         sweeps = 0
         improved = True
+        chains = self._chains(choice, demand)
         while improved and sweeps < max_sweeps and time.perf_counter() < deadline:
             improved = False
             sweeps += 1
@@ -270,6 +280,11 @@ class Extractor:
                 if grp not in choice or len(self.prod[grp]) < 2:
                     continue
                 if self._improve(grp, choice, demand):
+                    improved = True
+            for chain in chains:
+                if time.perf_counter() >= deadline:
+                    break
+                if self._relabel_chain(chain, choice, demand):
                     improved = True
         # 4. result
         choices: dict[int, GroupChoice] = {}
@@ -295,6 +310,159 @@ class Extractor:
             seconds=time.perf_counter() - t0,
             sweeps=sweeps,
         )
+
+    # -- chain moves -----------------------------------------------------------------------------
+    def _demands(self, n: int) -> dict[int, tuple[int, ...]]:
+        """Layouts node n needs of each operand group."""
+        out: dict[int, list[int]] = {}
+        for c in self.kids[n]:
+            out.setdefault(int(self.g.class_group[c]), []).append(int(self.g.class_layout[c]))
+        return {h: tuple(sorted(v)) for h, v in out.items()}
+
+    def _chains(self, choice: dict[int, int], demand: list[Counter[int]]) -> list[list[int]]:
+        """A path cover of the used values along producer -> consumer edges, heaviest tensors
+        first: the chains whose layouts must switch together (a forward pass, a backward pass)."""
+        edges = []
+        for grp, n in choice.items():
+            for h in self._demands(n):
+                if h in choice:
+                    vids = self.g.group_values[h]
+                    size = self.spaces.spaces[self.group_space[h]].shape if vids else ()
+                    edges.append((-float(np.prod(size)) if size else 0.0, h, grp))
+        edges.sort()
+        succ: dict[int, int] = {}
+        pred: dict[int, int] = {}
+        for _, h, grp in edges:
+            if h not in succ and grp not in pred:
+                succ[h] = grp
+                pred[grp] = h
+        chains = []
+        for start in sorted(choice, key=lambda x: self.rank[x]):
+            if start in pred:
+                continue
+            chain = [start]
+            while chain[-1] in succ:
+                chain.append(succ[chain[-1]])
+            if len(chain) > 1:
+                chains.append(chain)
+        return chains
+
+    def _relabel_chain(self, chain: list[int], choice: dict[int, int], demand: list[Counter[int]]) -> bool:
+        """Re-choose the productions of a chain jointly (exact dynamic programming along the
+        chain, the rest of the plan fixed); keep the result if the true DAG cost drops."""
+        g = self.g
+        on_chain = set(chain)
+        # demands on each chain value from everyone except its chain successor
+        fixed: list[Counter[int]] = []
+        for i, grp in enumerate(chain):
+            d = demand[grp].copy()
+            if i + 1 < len(chain):
+                for lay in self._demands(choice[chain[i + 1]]).get(grp, ()):
+                    d[lay] -= 1
+            fixed.append(Counter({k: v for k, v in d.items() if v > 0}))
+        # demands on off-chain operands, without the chain's own current demands
+        off: dict[int, Counter[int]] = {}
+        for grp in chain:
+            for h, lays in self._demands(choice[grp]).items():
+                if h in on_chain:
+                    continue
+                d = off.setdefault(h, demand[h].copy())
+                for lay in lays:
+                    d[lay] -= 1
+        off = {h: Counter({k: v for k, v in d.items() if v > 0}) for h, d in off.items()}
+
+        def unary(i: int, n: int) -> float:
+            v = float(self.cost[n])
+            for h, lays in self._demands(n).items():
+                if h in on_chain:
+                    if i == 0 or h != chain[i - 1]:
+                        return math.inf  # keep chain links the only on-chain dependencies
+                    continue
+                if h not in choice:
+                    return math.inf
+                base = off.get(h, Counter())
+                ph = choice[h]
+                v += self._own(h, ph, frozenset(base) | frozenset(lays)) - (
+                    self._own(h, ph, frozenset(base)) if base else float(self.cost[ph]))
+            return v
+
+        layout_of = lambda n: int(g.class_layout[g.node_class[n]])  # noqa: E731
+        best: list[dict[int, tuple[float, int]]] = []  # per position: layout -> (value, node)
+        back: list[dict[int, int]] = []  # per position: node -> predecessor node
+        for i, grp in enumerate(chain):
+            cur: dict[int, tuple[float, int]] = {}
+            links: dict[int, int] = {}
+            w_memo: dict[tuple[int, ...], tuple[float, int]] = {}
+            for n in self.prod[grp]:
+                u = unary(i, n)
+                if not math.isfinite(u):
+                    continue
+                if i > 0:
+                    need = self._demands(n).get(chain[i - 1], ())
+                    if need not in w_memo:
+                        prev = chain[i - 1]
+                        bv, bn = math.inf, -1
+                        for lay, (val, pn) in best[i - 1].items():
+                            t = frozenset(fixed[i - 1]) | frozenset(need)
+                            tot = val + (self.steiner(prev, lay, t)[0] if t else 0.0)
+                            if tot < bv:
+                                bv, bn = tot, pn
+                        w_memo[need] = (bv, bn)
+                    w, pn = w_memo[need]
+                    u += w
+                    links[n] = pn
+                lay = layout_of(n)
+                if lay not in cur or u < cur[lay][0]:
+                    cur[lay] = (u, n)
+            if not cur:
+                return False
+            best.append(cur)
+            back.append(links)
+        last = chain[-1]
+        bv, bn = math.inf, -1
+        for lay, (val, n) in best[-1].items():
+            t = frozenset(fixed[-1])
+            tot = val + (self.steiner(last, lay, t)[0] if t else 0.0)
+            if tot < bv:
+                bv, bn = tot, n
+        new = [bn]
+        for i in range(len(chain) - 1, 0, -1):
+            new.append(back[i][new[-1]])
+        new.reverse()
+        if all(choice[grp] == n for grp, n in zip(chain, new, strict=True)):
+            return False
+        # exact comparison on every value whose cost can change
+        touched = set(chain)
+        for grp, n in zip(chain, new, strict=True):
+            touched |= set(self._demands(choice[grp])) | set(self._demands(n))
+        before = self._cost_of(touched, choice, demand)
+        old = {grp: choice[grp] for grp in chain}
+        self._set(chain, new, choice, demand)
+        after = self._cost_of(touched, choice, demand)
+        if after < before - 1e-12 * max(1.0, before):
+            return True
+        self._set(chain, [old[grp] for grp in chain], choice, demand)
+        return False
+
+    def _set(self, groups: list[int], nodes: list[int], choice: dict[int, int], demand: list[Counter[int]]) -> None:
+        g = self.g
+        for grp, n in zip(groups, nodes, strict=True):
+            for c in self.kids[choice[grp]]:
+                h, lay = int(g.class_group[c]), int(g.class_layout[c])
+                demand[h][lay] -= 1
+                if demand[h][lay] <= 0:
+                    del demand[h][lay]
+            choice[grp] = n
+            for c in self.kids[n]:
+                demand[int(g.class_group[c])][int(g.class_layout[c])] += 1
+
+    def _cost_of(self, groups: set[int], choice: dict[int, int], demand: list[Counter[int]]) -> float:
+        total = 0.0
+        for grp in groups:
+            if grp in choice:
+                t = frozenset(demand[grp])
+                total += self._own(grp, choice[grp], t) if t else math.inf
+        return total
 
     def _own(self, grp: int, n: int, targets: frozenset[int]) -> float:
         lay = int(self.g.class_layout[self.g.node_class[n]])

@@ -30,6 +30,7 @@ def make_interpreter(
     program: Program,
     runs: list[EqnRun],
     produced: dict[int, int],  # value id -> produced layout
+    parent: dict[tuple[int, int], int],  # (value id, layout) -> the layout it is resharded from
     layouts: list[Layout],
     axes: MeshAxes,
     mesh: Mesh,
@@ -60,11 +61,15 @@ def make_interpreter(
         views: dict[tuple[int, int], Any] = {}
 
         def view(vid: int, lid: int) -> Any:
+            # Walk the plan's resharding tree one collective at a time, constraining every
+            # intermediate layout, so XLA emits the plan's collectives and not its own guess.
             if produced.get(vid) == lid:
                 return env[vid]
             k = (vid, lid)
             if k not in views:
-                views[k] = constrain(env[vid], lid)
+                src = parent.get(k)
+                base = env[vid] if src is None else view(vid, src)
+                views[k] = constrain(base, lid)
             return views[k]
 
         for run in runs:

@@ -87,6 +87,41 @@ class Report:
         return s
 
 
+def _explicit(x: Any) -> bool:
+    sharding = getattr(x, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    types = getattr(mesh, "axis_types", ())
+    return any(t == jax.sharding.AxisType.Explicit for t in types)
+
+
+class PlannedFunction:
+    """`jax.jit` of the plan. Arrays committed to a mesh with Explicit axes carry their sharding in
+    their type, which the plan overrides: they are moved to the plan's layout first."""
+
+    def __init__(self, jitted: Any, in_shardings: tuple[Any, ...]) -> None:
+        self.jitted = jitted
+        self.in_shardings = in_shardings
+
+    def _prepare(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        if not any(_explicit(x) for x in leaves):
+            return args
+        shardings = jax.tree_util.tree_leaves(self.in_shardings)
+        if len(shardings) != len(leaves):
+            return args
+        moved = [jax.device_put(x, s) if _explicit(x) else x for x, s in zip(leaves, shardings, strict=True)]
+        return jax.tree_util.tree_unflatten(tree, moved)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.jitted(*self._prepare(args))
+
+    def lower(self, *args: Any) -> Any:
+        return self.jitted.lower(*self._prepare(args))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.jitted, name)
+
+
 class Plan:
     """A sharding plan for one function, mesh and device profile."""
 
@@ -102,6 +137,7 @@ class Plan:
         extraction: Extraction,
         profile: DeviceProfile,
         report: Report,
+        arg_pins: dict[int, int] | None = None,
     ) -> None:
         self.fn = fn
         self.program = program
@@ -114,6 +150,7 @@ class Plan:
         self.extraction = extraction
         self.profile = profile
         self.report = report
+        self.arg_pins = dict(arg_pins or {})
         self._layouts = spaces.layouts.layouts
         self._assign()
         self.cost = self._cost()
@@ -123,10 +160,13 @@ class Plan:
     def _assign(self) -> None:
         g, prog, ex = self.graph, self.program, self.extraction
         self.produced: dict[int, int] = {}
+        self.parent: dict[tuple[int, int], int] = {}
         for vid in range(len(prog.values)):
             grp = g.value_group.get(vid)
             if grp is not None and grp in ex.choices:
                 self.produced[vid] = ex.choices[grp].layout
+                for step in ex.choices[grp].steps:
+                    self.parent[(vid, step.dst)] = step.src
         runs: list[EqnRun] = []
         for eqn in prog.equations:
             by_strategy: dict[int, list[tuple[int, int]]] = {}
@@ -162,7 +202,8 @@ class Plan:
     @property
     def in_shardings(self) -> tuple[Any, ...]:
         """One pytree of NamedSharding per positional argument."""
-        leaves = [self._sharding(self.produced.get(vid)) for vid in self.program.args]
+        leaves = [self._sharding(self.produced.get(vid, self.arg_pins.get(pos)))
+                  for pos, vid in enumerate(self.program.args)]
         return tuple(jax.tree_util.tree_unflatten(self.program.in_tree, leaves))
 
     @property
@@ -178,7 +219,7 @@ class Plan:
         if self._jitted is not None and not donate_argnums:
             return self._jitted
         interp = make_interpreter(
-            self.program, self.runs, self.produced, self._layouts, self.axes, self.runtime_mesh
+            self.program, self.runs, self.produced, self.parent, self._layouts, self.axes, self.runtime_mesh
         )
         prog = self.program
 
@@ -193,8 +234,11 @@ class Plan:
             return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
         planned.__name__ = f"planned_{prog.name}"
-        f = jax.jit(planned, in_shardings=self.in_shardings, out_shardings=self.out_shardings,
-                    donate_argnums=donate_argnums)
+        f = PlannedFunction(
+            jax.jit(planned, in_shardings=self.in_shardings, out_shardings=self.out_shardings,
+                    donate_argnums=donate_argnums),
+            self.in_shardings,
+        )
         if not donate_argnums:
             self._jitted = f
         return f

@@ -1,0 +1,115 @@
+"""User pins: in_shardings / out_shardings pytrees where None means "free" and a PartitionSpec
+(or NamedSharding) is a hard constraint. Conflicts are collected and reported together, in the
+style of shard_map's errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .egraph.layout import Layout, MeshAxes, SpaceTable
+from .egraph.program import Literal, Program
+from .errors import InvalidArgumentError
+
+
+def _is_leaf(x: Any) -> bool:
+    return x is None or isinstance(x, PartitionSpec | NamedSharding)
+
+
+def spec_to_layout(spec: PartitionSpec, shape: tuple[int, ...], axes: MeshAxes) -> tuple[Layout | None, str | None]:
+    """The layout a PartitionSpec names, or (None, why not)."""
+    if len(spec) > len(shape):
+        return None, f"spec has {len(spec)} entries for a rank-{len(shape)} array"
+    dims: list[tuple[int, ...]] = []
+    used: set[int] = set()
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    for d, entry in enumerate(entries):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        idx = []
+        for n in names:
+            if n not in axes.names:
+                return None, f"mesh has no axis {n!r} (axes: {axes.names})"
+            a = axes.names.index(n)
+            if a in used:
+                return None, f"axis {n!r} is used twice"
+            used.add(a)
+            if axes.sizes[a] > 1:
+                idx.append(a)
+        if idx != sorted(idx):
+            return None, f"dimension {d} lists axes {names} out of mesh order {axes.names}"
+        if shape[d] % axes.size(tuple(idx)):
+            return None, f"dimension {d} of size {shape[d]} does not divide over {names} ({axes.size(tuple(idx))} ways)"
+        dims.append(tuple(idx))
+    return Layout(tuple(dims), ()), None
+
+
+def _flat_pins(pins: Any, tree: Any, label: str) -> list[Any]:
+    """Broadcast a pytree prefix of pins to the flat leaves of `tree`."""
+    if pins is None:
+        return [None] * tree.num_leaves
+    try:
+        full = jax.tree_util.tree_map(
+            lambda p, sub: jax.tree_util.tree_map(lambda _: p, sub),
+            pins, jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves), is_leaf=_is_leaf,
+        )
+    except ValueError as e:
+        raise InvalidArgumentError(
+            f"{label} does not match the structure of the arguments: {e}. Consider a pytree prefix of "
+            "the arguments with PartitionSpec or None leaves."
+        ) from e
+    return jax.tree_util.tree_leaves(full, is_leaf=lambda x: x is None or _is_leaf(x))
+
+
+def resolve_pins(
+    program: Program,
+    spaces: SpaceTable,
+    in_shardings: Any,
+    out_shardings: Any,
+    fn_name: str,
+) -> tuple[dict[int, int], dict[int, int]]:
+    """(arg position -> layout id, output position -> layout id), or one error listing every
+    conflict."""
+    axes = spaces.mesh
+    problems: list[str] = []
+    arg_pins: dict[int, int] = {}
+    out_pins: dict[int, int] = {}
+    if in_shardings is not None:
+        if not isinstance(in_shardings, tuple | list) or len(in_shardings) != len(program.arg_counts):
+            raise InvalidArgumentError(
+                f"in_shardings for `{fn_name}` must be a tuple with one entry per positional argument "
+                f"({len(program.arg_counts)}), got {in_shardings!r}."
+            )
+        in_shardings = tuple(in_shardings)
+    flat_in = _flat_pins(in_shardings, program.in_tree, "in_shardings")
+    for pos, pin in enumerate(flat_in):
+        if pin is None:
+            continue
+        spec = pin.spec if isinstance(pin, NamedSharding) else pin
+        v = program.values[program.args[pos]]
+        lay, why = spec_to_layout(spec, v.shape, axes)
+        if lay is None:
+            problems.append(f"  * {program.arg_paths[pos]}: shape {v.shape}, spec {spec}: {why}")
+            continue
+        arg_pins[pos] = spaces.layouts.intern(lay)
+    flat_out = _flat_pins(out_shardings, program.out_tree, "out_shardings")
+    for k, pin in enumerate(flat_out):
+        if pin is None:
+            continue
+        spec = pin.spec if isinstance(pin, NamedSharding) else pin
+        o = program.outputs[k]
+        shape = () if isinstance(o, Literal) else program.values[o].shape
+        lay, why = spec_to_layout(spec, shape, axes)
+        if lay is None:
+            problems.append(f"  * {program.out_paths[k]}: shape {shape}, spec {spec}: {why}")
+            continue
+        out_pins[k] = spaces.layouts.intern(lay)
+    if problems:
+        mesh = ", ".join(f"{n}={s}" for n, s in zip(axes.names, axes.sizes, strict=True))
+        raise InvalidArgumentError(
+            f"Pinned shardings for `{fn_name}` cannot hold on mesh ({mesh}):\n" + "\n".join(problems)
+            + "\nConsider specs whose axes divide the pinned dimensions, in mesh order, or None to leave "
+            "an argument free."
+        )
+    return arg_pins, out_pins

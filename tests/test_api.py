@@ -1,0 +1,169 @@
+"""The public API: pytrees, meshes, pins, limits, errors, report and explain."""
+
+import re
+import runpy
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_equivalent, assert_hlo_matches
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardsat
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mesh24(kind=AxisType.Explicit):
+    return jax.make_mesh((2, 4), ("data", "model"), axis_types=(kind, kind))
+
+
+def test_readme_example_runs():
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})
+
+
+def test_examples_run(capsys):
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        runpy.run_path(str(path), run_name="__main__")
+    assert "Predicted step time" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", [AxisType.Auto, AxisType.Explicit])
+def test_pytrees_literals_constants_unused(kind):
+    const = jnp.arange(4.0)
+
+    def f(params, batch, scale):
+        h = batch["x"] @ params["w"] + const
+        return {"y": jnp.tanh(h) * scale, "n": 3.0, "same": batch["x"], "sum": h.sum()}
+
+    k = jax.random.key(1)
+    params = {"w": jax.random.normal(k, (4, 4)), "unused": jnp.ones((3,))}
+    batch = {"x": jax.random.normal(k, (16, 4))}
+    plan = shardsat.saturate_and_extract(f, mesh24(kind), params, batch, 2.0)
+    assert_equivalent(plan, f, params, batch, 2.0)
+    assert_hlo_matches(plan, params, batch, 2.0)
+    assert set(plan.in_shardings[0]) == {"w", "unused"}
+    assert isinstance(plan.in_shardings[0]["w"], NamedSharding)
+    assert set(plan.out_shardings) == {"y", "n", "same", "sum"}
+
+
+def test_arrays_committed_to_explicit_mesh_run():
+    mesh = mesh24(AxisType.Explicit)
+    w = jax.device_put(jnp.ones((8, 8)), NamedSharding(mesh, P("data", None)))
+    x = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P(None, "model")))
+
+    def f(w, x):
+        return jnp.sin(x @ w)
+
+    plan = shardsat.saturate_and_extract(f, mesh, w, x)
+    np.testing.assert_allclose(plan.jit()(w, x), f(jnp.ones((8, 8)), jnp.ones((16, 8))), rtol=1e-6)
+
+
+def test_unknown_and_listed_primitives_error_or_fall_back():
+    def f(x):
+        y = jax.lax.cond(x.sum() > 0, lambda v: v * 2, lambda v: v - 1, x)
+        return jnp.exp(y)
+
+    x = jnp.ones((8, 4))
+    with pytest.raises(shardsat.UnsupportedPrimitiveError) as info:
+        shardsat.saturate_and_extract(f, mesh24(), x)
+    msg = str(info.value)
+    assert "`cond`" in msg and "test_api.py" in msg and "fallback='replicate'" in msg
+    plan = shardsat.saturate_and_extract(f, mesh24(), x, fallback="replicate")
+    assert any("cond" in s for s in plan.report.fallbacks)
+    assert "Replicated by fallback" in plan.explain()
+    assert_equivalent(plan, f, x)
+
+
+def test_pins_are_hard_and_conflicts_listed():
+    def f(w, x):
+        return jnp.tanh(x @ w)
+
+    w, x = jnp.ones((64, 64)), jnp.ones((32, 64))
+    plan = shardsat.saturate_and_extract(f, mesh24(), w, x, in_shardings=(P(None, "model"), P("data")),
+                                         out_shardings=P("data", "model"))
+    assert plan.in_shardings[0].spec == P(None, "model")
+    assert plan.in_shardings[1].spec == P("data")
+    assert plan.out_shardings.spec == P("data", "model")
+    assert_equivalent(plan, f, w, x)
+    with pytest.raises(shardsat.ShardsatError) as info:
+        shardsat.saturate_and_extract(f, mesh24(), w, x, in_shardings=(P("nope"), P(None, None, "data")),
+                                      out_shardings=P(("model", "data")))
+    msg = str(info.value)
+    assert "args[0]" in msg and "args[1]" in msg and "out" in msg and "data=2, model=4" in msg
+
+
+def test_limits_stop_reasons_are_reported():
+    def f(w, x):
+        return jnp.tanh(x @ w) @ w
+
+    w, x = jnp.ones((64, 64)), jnp.ones((32, 64))
+    plan = shardsat.saturate_and_extract(f, mesh24(), w, x)
+    assert plan.report.stop_reason == shardsat.StopReason.SATURATED
+    assert plan.report.e_nodes > plan.report.e_classes > 0
+    with pytest.raises(shardsat.NoPlanError, match="iteration limit"):
+        shardsat.saturate_and_extract(f, mesh24(), w, x, limits=shardsat.Limits(iterations=1))
+    plan = shardsat.saturate_and_extract(f, mesh24(), w, x, limits=shardsat.Limits(iterations=4))
+    assert plan.report.stop_reason == shardsat.StopReason.ITERATION_LIMIT
+    assert "iteration limit" in str(plan.report)
+    assert_equivalent(plan, f, w, x)
+    full = plan.report.e_nodes
+    for nodes in (full // 2, full - 1):
+        try:
+            plan = shardsat.saturate_and_extract(f, mesh24(), w, x, limits=shardsat.Limits(nodes=nodes))
+        except shardsat.NoPlanError as e:
+            assert "node limit" in str(e) and "Consider raising shardsat.Limits" in str(e)
+            continue
+        assert plan.report.stop_reason == shardsat.StopReason.NODE_LIMIT
+        assert_equivalent(plan, f, w, x)
+    with pytest.raises(shardsat.ShardsatError):
+        shardsat.Limits(iterations=0)
+
+
+def test_profiles():
+    prof = shardsat.DeviceProfile(flops_per_s=1e14, hbm_bytes_per_s=1e12,
+                                  link_bytes_per_s={"data": 1e10, "model": 1e11}, latency_s={"*": 1e-5})
+    assert prof.link("data") == 1e10 and prof.latency("model") == 1e-5
+    with pytest.raises(shardsat.ShardsatError, match="no entry for mesh axis 'other'"):
+        prof.link("other")
+    with pytest.raises(shardsat.ShardsatError):
+        shardsat.DeviceProfile(flops_per_s=0, hbm_bytes_per_s=1, link_bytes_per_s=1, latency_s=0)
+    with pytest.raises(shardsat.ShardsatError, match="Unknown device profile"):
+        shardsat.saturate_and_extract(jnp.sin, mesh24(), jnp.ones(8), profile="a100x")
+    for name in shardsat.PRESETS:
+        plan = shardsat.saturate_and_extract(jnp.sin, mesh24(), jnp.ones(8), profile=name)
+        assert plan.profile.name == name
+
+
+def test_explain_and_cost_fields():
+    def f(w, x):
+        return (x @ w).sum(axis=0)
+
+    w, x = jnp.ones((256, 256)), jnp.ones((512, 256))
+    plan = shardsat.saturate_and_extract(f, mesh24(), w, x, profile="h100")
+    text = plan.explain()
+    for word in ("Inputs", "Outputs", "Intermediates", "Collectives", "Search", "args[0]", "P("):
+        assert word in text
+    c = plan.cost
+    assert c.total_s == pytest.approx(c.compute_s + c.communication_s)
+    assert c.argument_bytes == sum(c.argument_bytes_by_path.values())
+    for coll in c.collectives:
+        assert coll.kind in ("all-gather", "all-reduce", "reduce-scatter", "all-to-all")
+        assert coll.seconds > 0 and coll.bytes > 0 and coll.axes
+    assert_hlo_matches(plan, w, x)
+
+
+def test_bad_arguments():
+    with pytest.raises(shardsat.ShardsatError, match="Mesh"):
+        shardsat.saturate_and_extract(jnp.sin, "not a mesh", jnp.ones(8))
+    with pytest.raises(shardsat.ShardsatError, match="fallback"):
+        shardsat.saturate_and_extract(jnp.sin, mesh24(), jnp.ones(8), fallback="skip")
+    with pytest.raises(shardsat.ShardsatError, match="not an array"):
+        shardsat.saturate_and_extract(lambda s: s, mesh24(), "text")
