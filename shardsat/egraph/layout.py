@@ -9,6 +9,7 @@ Layouts are interned to small integers so the e-graph can carry them as `i64`.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +46,10 @@ class MeshAxes:
         return int(np.prod(self.sizes))
 
     def size(self, axes: tuple[int, ...] | frozenset[int]) -> int:
-        return int(np.prod([self.sizes[a] for a in axes], dtype=np.int64)) if axes else 1
+        n = 1
+        for a in axes:
+            n *= self.sizes[a]
+        return n
 
     def mask(self, axes: tuple[int, ...]) -> int:
         return sum(1 << a for a in axes)
@@ -174,6 +178,7 @@ class SpaceTable:
     layouts: LayoutTable = field(default_factory=LayoutTable)
     spaces: list[Space] = field(default_factory=list)
     ids: dict[tuple[tuple[int, ...], str], int] = field(default_factory=dict)
+    _bytes: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def space(self, shape: tuple[int, ...], dtype: Any) -> Space:
         key = (tuple(shape), str(dtype))
@@ -186,9 +191,13 @@ class SpaceTable:
         return self.spaces[sid]
 
     def shard_bytes(self, space: Space, lid: int) -> int:
-        lay = self.layouts[lid]
-        n = int(np.prod(lay.shard_shape(space.shape, self.mesh), dtype=np.int64))
-        return n * space.itemsize
+        key = (space.id, lid)
+        hit = self._bytes.get(key)
+        if hit is None:
+            lay = self.layouts[lid]
+            hit = math.prod(lay.shard_shape(space.shape, self.mesh)) * space.itemsize
+            self._bytes[key] = hit
+        return hit
 
 
 def auto_mesh(mesh: Mesh) -> Mesh:

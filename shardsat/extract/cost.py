@@ -35,6 +35,7 @@ class CostModel:
         self.mesh: MeshAxes = spaces.mesh
         self.tables = tables
         self._local: dict[tuple[str, int], tuple[float, float, float]] = {}
+        self._coll: dict[tuple[NodeKind, tuple[int, ...], int, int, int], CollectiveCost] = {}
 
     # -- local ops ---------------------------------------------------------------------------
     def local_work(self, output_key: str, strategy: int) -> tuple[float, float, float]:
@@ -60,6 +61,13 @@ class CostModel:
 
     # -- collectives --------------------------------------------------------------------------
     def collective(self, kind: NodeKind, axes: tuple[int, ...], space_id: int, src: int, dst: int) -> CollectiveCost:
+        key = (kind, axes, space_id, src, dst)
+        hit = self._coll.get(key)
+        if hit is None:
+            hit = self._coll[key] = self._collective(kind, axes, space_id, src, dst)
+        return hit
+
+    def _collective(self, kind: NodeKind, axes: tuple[int, ...], space_id: int, src: int, dst: int) -> CollectiveCost:
         sp = self.spaces.spaces[space_id]
         b_src = self.spaces.shard_bytes(sp, src)
         b_dst = self.spaces.shard_bytes(sp, dst)
@@ -84,18 +92,27 @@ class CostModel:
     def node_costs(self, g: ExportedGraph, value_space: list[int]) -> np.ndarray:
         cost = np.zeros(g.num_nodes)
         group_space = [value_space[vs[0]] if vs else -1 for vs in g.group_values]
+        kinds = g.node_kind.tolist()
+        node_class = g.node_class.tolist()
+        class_group = g.class_group.tolist()
+        class_layout = g.class_layout.tolist()
+        na = g.node_a.tolist()
+        ptr = g.child_ptr.tolist()
+        kids = g.child_idx.tolist()
+        unmask: dict[int, tuple[int, ...]] = {}
         for n in range(g.num_nodes):
-            kind = NodeKind(int(g.node_kind[n]))
+            kind = kinds[n]
             if kind == NodeKind.PLACE:
                 continue
             if kind == NodeKind.LOCAL:
-                cost[n] = self.local_work(g.node_key[n], int(g.node_a[n]))[0]  # type: ignore[arg-type]
-            elif kind.is_reshard:
-                child = int(g.children(n)[0])
-                c = int(g.node_class[n])
-                sp = group_space[int(g.class_group[c])]
-                axes = self.mesh.unmask(int(g.node_a[n]))
-                cost[n] = self.collective(kind, axes, sp, int(g.class_layout[child]), int(g.class_layout[c])).seconds
+                cost[n] = self.local_work(g.node_key[n], na[n])[0]  # type: ignore[arg-type]
+            elif NodeKind.ALL_GATHER <= kind <= NodeKind.ALL_TO_ALL:
+                c = node_class[n]
+                axes = unmask.get(na[n])
+                if axes is None:
+                    axes = unmask[na[n]] = self.mesh.unmask(na[n])
+                sp = group_space[class_group[c]]
+                cost[n] = self.collective(NodeKind(kind), axes, sp, class_layout[kids[ptr[n]]], class_layout[c]).seconds
             else:
                 cost[n] = math.inf  # user constructors need a cost (see shardsat.rules)
         return cost

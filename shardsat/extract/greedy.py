@@ -106,6 +106,7 @@ class Extractor:
             self.prod[grp].append(n)
             self.kids[n] = tuple(int(c) for c in g.children(n))
         self._order()
+        self._demand_memo: dict[int, dict[int, tuple[int, ...]]] = {}
         self._steiner_memo: dict[tuple[int, int, frozenset[int]], tuple[float, tuple[tuple[int, int], ...]]] = {}
 
     # -- structure -------------------------------------------------------------------------------
@@ -271,21 +272,28 @@ class Extractor:
                 demand[int(cls_group[c])][int(cls_layout[c])] += 1
         # 3. improvement: exact single-value moves, then exact chain re-labelling (Viterbi)
         sweeps = 0
-        improved = True
         chains = self._chains(choice, demand)
-        while improved and sweeps < max_sweeps and time.perf_counter() < deadline:
-            improved = False
+        dirty = set(choice)
+        while dirty and sweeps < max_sweeps and time.perf_counter() < deadline:
             sweeps += 1
+            changed: set[int] = set()
             for grp in self.order:
-                if grp not in choice or len(self.prod[grp]) < 2:
+                if grp not in dirty or grp not in choice or len(self.prod[grp]) < 2:
                     continue
                 if self._improve(grp, choice, demand):
-                    improved = True
+                    changed.add(grp)
             for chain in chains:
                 if time.perf_counter() >= deadline:
                     break
+                if dirty.isdisjoint(chain):
+                    continue
                 if self._relabel_chain(chain, choice, demand):
-                    improved = True
+                    changed.update(chain)
+            dirty = set()
+            for grp in changed:
+                dirty.add(grp)
+                dirty.update(self._demands(choice[grp]))
+                dirty.update(self.parents[grp])
         # 4. result
         choices: dict[int, GroupChoice] = {}
         total = 0.0
@@ -314,10 +322,13 @@ class Extractor:
     # -- chain moves -----------------------------------------------------------------------------
     def _demands(self, n: int) -> dict[int, tuple[int, ...]]:
         """Layouts node n needs of each operand group."""
-        out: dict[int, list[int]] = {}
-        for c in self.kids[n]:
-            out.setdefault(int(self.g.class_group[c]), []).append(int(self.g.class_layout[c]))
-        return {h: tuple(sorted(v)) for h, v in out.items()}
+        hit = self._demand_memo.get(n)
+        if hit is None:
+            out: dict[int, list[int]] = {}
+            for c in self.kids[n]:
+                out.setdefault(int(self.g.class_group[c]), []).append(int(self.g.class_layout[c]))
+            hit = self._demand_memo[n] = {h: tuple(sorted(v)) for h, v in out.items()}
+        return hit
 
     def _chains(self, choice: dict[int, int], demand: list[Counter[int]]) -> list[list[int]]:
         """A path cover of the used values along producer -> consumer edges, heaviest tensors
@@ -469,49 +480,42 @@ class Extractor:
         return float(self.cost[n]) + self.steiner(grp, lay, targets)[0]
 
     def _improve(self, grp: int, choice: dict[int, int], demand: list[Counter[int]]) -> bool:
-        g = self.g
-        cls_group = g.class_group
-        cls_layout = g.class_layout
+        """Best single change of this value's production, priced exactly on the DAG: its own
+        node and resharding tree, and its operands' resharding trees."""
         cur = choice[grp]
         targets = frozenset(demand[grp])
         base = self._own(grp, cur, targets)
-        old_kids = Counter((int(cls_group[c]), int(cls_layout[c])) for c in self.kids[cur])
-        best_delta, best_n = -1e-15 * max(1.0, base), -1
+        cur_d = self._demands(cur)
+        # operand demand without this value's current contribution, and its current price
+        rest: dict[int, Counter[int]] = {}
+        before: dict[int, float] = {}
+        best_delta, best_n = -1e-12 * max(1e-9, base), -1
         for n in self.prod[grp]:
             if n == cur:
                 continue
             delta = self._own(grp, n, targets) - base
-            new_kids = Counter((int(cls_group[c]), int(cls_layout[c])) for c in self.kids[n])
-            touched = {h for h, _ in old_kids} | {h for h, _ in new_kids}
+            new_d = self._demands(n)
             ok = True
-            for h in touched:
+            for h in cur_d.keys() | new_d.keys():
                 if h not in choice:
                     ok = False  # operand not produced in the current plan
                     break
-                before = demand[h]
-                after = before.copy()
-                for (hh, lay), k in old_kids.items():
-                    if hh == h:
-                        after[lay] -= k
-                for (hh, lay), k in new_kids.items():
-                    if hh == h:
-                        after[lay] += k
-                after_set = frozenset(lay for lay, k in after.items() if k > 0)
-                if not after_set:
+                if h not in rest:
+                    r = demand[h].copy()
+                    for lay in cur_d.get(h, ()):
+                        r[lay] -= 1
+                    rest[h] = Counter({k: v for k, v in r.items() if v > 0})
+                    before[h] = self._own(h, choice[h], frozenset(demand[h]))
+                after = frozenset(rest[h]) | frozenset(new_d.get(h, ()))
+                if not after:
                     ok = False
                     break
-                ph = choice[h]
-                delta += self._own(h, ph, after_set) - self._own(h, ph, frozenset(before))
+                delta += self._own(h, choice[h], after) - before[h]
+                if delta >= best_delta and h not in new_d:
+                    break
             if ok and delta < best_delta:
                 best_delta, best_n = delta, n
         if best_n < 0:
             return False
-        for c in self.kids[cur]:
-            h, lay = int(cls_group[c]), int(cls_layout[c])
-            demand[h][lay] -= 1
-            if demand[h][lay] <= 0:
-                del demand[h][lay]
-        for c in self.kids[best_n]:
-            demand[int(cls_group[c])][int(cls_layout[c])] += 1
-        choice[grp] = best_n
+        self._set([grp], [best_n], choice, demand)
         return True
