@@ -3,7 +3,9 @@ nothing (unknown). Three outcomes kept apart, as in Shardy's op_sharding_rule_re
 
 from __future__ import annotations
 
+from . import indexing as ix
 from . import primitives as p
+from . import windowed as w
 
 SIGNATURES: dict[str, p.Builder] = {name: p.elementwise for name in p.ELEMENTWISE}
 SIGNATURES.update(
@@ -48,6 +50,18 @@ SIGNATURES.update(
         "random_unwrap": p.replicated,
         "random_split": p.replicated,
         "random_fold_in": p.replicated,
+        # indexing.py: gather and the scatter family
+        "gather": ix.gather,
+        **{name: ix.scatter for name in ix.SCATTERS},
+        # windowed.py: convolutions and windowed reductions
+        "conv_general_dilated": w.conv_general_dilated,
+        "reduce_window_sum": w.reduce_window_sum,
+        "reduce_window_max": w.reduce_window_other,
+        "reduce_window_min": w.reduce_window_other,
+        "reduce_window": w.reduce_window_other,
+        "select_and_scatter_add": w.select_and_scatter_add,
+        "select_and_scatter": w.select_and_scatter,
+        "select_and_gather_add": w.select_and_gather_add,
     }
 )
 
@@ -63,16 +77,6 @@ UNSUPPORTED: dict[str, str] = {
     "io_callback": "host callbacks run on one device",
     "debug_callback": "host callbacks run on one device",
     "rng_bit_generator": "stateful RNG is not partitioned yet",
-    "gather": "gather sharding rules are not implemented yet",
-    "scatter": "scatter sharding rules are not implemented yet",
-    "scatter-add": "scatter sharding rules are not implemented yet",
-    "scatter_add": "scatter sharding rules are not implemented yet",
-    "conv_general_dilated": "convolution sharding rules are not implemented yet",
-    "reduce_window_sum": "windowed reductions are not implemented yet",
-    "reduce_window_max": "windowed reductions are not implemented yet",
-    "reduce_window": "windowed reductions are not implemented yet",
-    "select_and_scatter_add": "windowed reductions are not implemented yet",
-    "select_and_gather_add": "windowed reductions are not implemented yet",
 }
 
 

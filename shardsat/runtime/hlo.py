@@ -2,6 +2,7 @@
 
 XLA:CPU lowers a reduce-scatter to an all-reduce whose result feeds a dynamic-slice; GPU and TPU
 emit `reduce-scatter`. Both count as reduce-scatter here. Async pairs (`-start`/`-done`) count once.
+Collectives XLA's combiners merged into one tuple-shaped op count once per element.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ _COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
 
 def count_collectives(hlo_text: str) -> Counter[str]:
     ops: dict[str, str] = {}
+    shapes: dict[str, str] = {}
     users: dict[str, list[str]] = {}
     calls: dict[str, str] = {}
     comp_ops: dict[str, set[str]] = {}
@@ -31,9 +33,10 @@ def count_collectives(hlo_text: str) -> Counter[str]:
         m = _INSTR.match(line)
         if not m:
             continue
-        name, _, op, rest = m.groups()
+        name, shape, op, rest = m.groups()
         name = f"{comp}/{name.lstrip('%')}"
         ops[name] = op
+        shapes[name] = shape.strip()
         comp_ops.setdefault(comp, set()).add(op)
         order.append(name)
         called = re.search(r"calls=%?([\w.\-]+)", rest)
@@ -49,6 +52,15 @@ def count_collectives(hlo_text: str) -> Counter[str]:
             continue
         if base not in _KINDS:
             continue
+        if base in ("all-reduce", "all-gather", "reduce-scatter") and shapes[name].startswith("("):
+            # XLA's combiners merge collectives into one tuple-shaped op: count each element
+            elems = [u for u in users.get(name, []) if ops.get(u) == "get-tuple-element"]
+            for u in elems or [name]:
+                if base == "all-reduce" and _feeds_slice(u, ops, users, calls, comp_ops):
+                    counts["reduce-scatter"] += 1
+                else:
+                    counts[base] += 1
+            continue
         if base == "all-reduce" and _feeds_slice(name, ops, users, calls, comp_ops):
             counts["reduce-scatter"] += 1
         else:
@@ -58,18 +70,22 @@ def count_collectives(hlo_text: str) -> Counter[str]:
 
 def _feeds_slice(name: str, ops: dict[str, str], users: dict[str, list[str]], calls: dict[str, str],
                  comp_ops: dict[str, set[str]]) -> bool:
+    """True if every use of `name` (through bitcasts, copies and tuple elements) slices it: the
+    all-reduce + dynamic-slice form of a reduce-scatter. An all-reduce whose full result is also
+    used is an all-reduce."""
     frontier = list(users.get(name, []))
     seen = set()
+    sliced = False
     while frontier:
         u = frontier.pop()
         if u in seen:
             continue
         seen.add(u)
         op = ops.get(u, "")
-        if op == "dynamic-slice":
-            return True
-        if op == "fusion" and "dynamic-slice" in comp_ops.get(calls.get(u, ""), set()):
-            return True
-        if op in ("bitcast", "copy", "reshape", "get-tuple-element", "all-reduce-done"):
+        if op == "dynamic-slice" or (op == "fusion" and "dynamic-slice" in comp_ops.get(calls.get(u, ""), set())):
+            sliced = True
+        elif op in ("bitcast", "copy", "reshape", "get-tuple-element", "all-reduce-done"):
             frontier.extend(users.get(u, []))
-    return False
+        else:
+            return False
+    return sliced

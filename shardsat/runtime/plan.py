@@ -19,7 +19,7 @@ from ..extract.result import Extraction
 from ..limits import StopReason
 from ..rules.apply import RuleTables
 from .hlo import count_collectives
-from .lower import EqnRun, make_interpreter
+from .lower import EqnRun, Step, make_interpreter
 
 KIND_NAMES = {
     NodeKind.ALL_GATHER: "all-gather",
@@ -160,15 +160,23 @@ class Plan:
     def _assign(self) -> None:
         g, prog, ex = self.graph, self.program, self.extraction
         self.produced: dict[int, int] = {}
-        self.parent: dict[tuple[int, int], int] = {}
+        self.parent: dict[tuple[int, int], Step] = {}
         for vid in range(len(prog.values)):
             grp = g.value_group.get(vid)
             if grp is not None and grp in ex.choices:
                 self.produced[vid] = ex.choices[grp].layout
                 for step in ex.choices[grp].steps:
-                    self.parent[(vid, step.dst)] = step.src
+                    self.parent[(vid, step.dst)] = Step(step.src, step.kind, step.axes, step.dim, step.dim2)
+        # values the e-graph proved equal (identical equations) are computed once
+        self.canon: dict[int, int] = {}
+        for vids in g.group_values:
+            for v in vids:
+                self.canon[v] = vids[0]
         runs: list[EqnRun] = []
+        done: set[int] = set()
         for eqn in prog.equations:
+            if eqn.outputs and all(self.canon.get(o, o) in done for o in eqn.outputs):
+                continue
             by_strategy: dict[int, list[tuple[int, int]]] = {}
             for k, out in enumerate(eqn.outputs):
                 grp = g.value_group.get(out)
@@ -189,6 +197,7 @@ class Plan:
             for s, outs in by_strategy.items():
                 st = info.strategies[s]  # type: ignore[union-attr]
                 runs.append(EqnRun(eqn.index, st.ins, tuple(outs)))
+                done.update(self.canon.get(eqn.outputs[k], eqn.outputs[k]) for k, _ in outs)
         self.runs = runs
 
     def layout_of(self, vid: int) -> Layout | None:
@@ -219,7 +228,8 @@ class Plan:
         if self._jitted is not None and not donate_argnums:
             return self._jitted
         interp = make_interpreter(
-            self.program, self.runs, self.produced, self.parent, self._layouts, self.axes, self.runtime_mesh
+            self.program, self.runs, self.produced, self.parent, self._layouts, self.axes, self.runtime_mesh,
+            self.extraction.root_layouts, self.canon,
         )
         prog = self.program
 

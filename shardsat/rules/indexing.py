@@ -1,0 +1,174 @@
+"""Factor signatures of the indexing primitives: gather and the scatter family.
+
+gather (`jnp.take`, `x[idx]`, `table[tokens]`, `take_along_axis`):
+  * each batch dim of `indices` (every dim but the trailing index vector) and the result dim it
+    becomes share a factor; an operand batching dim shares it too;
+  * an operand dim sliced whole and not indexed (an embedding's feature dim) and the result's
+    offset dim share a factor;
+  * an operand dim indexed with slice size 1 (an embedding's vocabulary dim) is a *reduction*
+    factor (the vocabulary-parallel lookup): each shard gathers the rows it holds and zeros the
+    others, so the sum over shards is the lookup. Gather is linear in its operand;
+  * any other operand dim (a slice of another size, a dim read at index 0) and its offset dim
+    need replication, as does the index vector dim.
+  The mode (clip / fill / promise_in_bounds) changes none of this: out-of-range handling is local.
+
+scatter, scatter-add, scatter-sub, scatter-mul, scatter-min, scatter-max:
+  * operand and result dims share a factor, shardable where each shard can apply its part of
+    every update on its own: an operand batching dim (shared with indices and updates), a window
+    dim the updates cover whole and that is not indexed (shared with the updates), or an indexed
+    dim whose window is one element wide (each shard applies the updates whose index falls in
+    its range: updates and indices stay replicated there). Other operand dims need replication,
+    and so does the update window dim mapped to them;
+  * each scatter (batch) dim of the updates shares a factor with its indices dim. For
+    scatter-add / scatter-sub it is a *reduction* factor: shards scatter their updates, and the
+    sum over shards is the result once the operand is counted on one shard only (the shard-local
+    computation adds the operand on the first shard of the reduced axes; XLA emits exactly that:
+    one all-reduce). For the others (overwrite, mul, min, max) it needs replication;
+  * scatter-add / scatter-sub are linear in (operand, updates) together; scatter-mul is linear
+    in its operand alone; the others are not linear.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .primitives import EqnTypes, _sig
+from .signature import DimFactors, FactorSignature
+
+ADDITIVE_SCATTERS = ("scatter-add", "scatter_add", "scatter-sub", "scatter_sub")
+SCATTERS = (*ADDITIVE_SCATTERS, "scatter", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
+            "scatter-max", "scatter_max")
+
+
+class Factors:
+    """Collects factor sizes and kinds while a builder names dims; size-1 factors are dropped."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+        self.need: set[str] = set()
+        self.reduction: set[str] = set()
+
+    def __call__(self, name: str, size: int, *, need: bool = False, reduction: bool = False) -> DimFactors:
+        if size == 1:
+            return ()
+        if self.sizes.setdefault(name, size) != size:
+            raise ValueError(f"factor {name} has sizes {self.sizes[name]} and {size}")
+        if need:
+            self.need.add(name)
+        if reduction:
+            self.reduction.add(name)
+        return (name,)
+
+    def sig(self, t: EqnTypes, operands: list[Any], results: list[Any], **kw: Any) -> FactorSignature:
+        return _sig(t, operands, results, sizes=self.sizes, need_replication=frozenset(self.need),
+                    reduction=frozenset(self.reduction), **kw)
+
+
+def summable(dtype: Any) -> bool:
+    """Whether a pending partial sum of this dtype means anything (not for booleans)."""
+    try:
+        return np.dtype(dtype) != np.dtype(bool)
+    except TypeError:
+        return False
+
+
+def gather(t: EqnTypes) -> FactorSignature:
+    dn = t.params["dimension_numbers"]
+    slice_sizes = tuple(int(s) for s in t.params["slice_sizes"])
+    op_shape, idx_shape = t.in_shapes[0], t.in_shapes[1]
+    out_shape = t.out_shapes[0]
+    ivd = len(idx_shape) - 1  # JAX's index vector dim is always the last one
+    offset_dims = tuple(dn.offset_dims)
+    collapsed = set(dn.collapsed_slice_dims)
+    indexed = set(dn.start_index_map)
+    op_batch = tuple(dn.operand_batching_dims)
+    idx_batch = tuple(dn.start_indices_batching_dims)
+    linear_ok = summable(t.out_dtypes[0])
+    F = Factors()
+
+    indices: list[DimFactors] = [F(f"b{j}", idx_shape[j]) for j in range(ivd)]
+    indices.append(F("iv", idx_shape[ivd], need=True))
+    out: list[DimFactors] = [()] * len(out_shape)
+    batch_out = [d for d in range(len(out_shape)) if d not in offset_dims]
+    if len(batch_out) != ivd:
+        raise ValueError(f"gather: {len(batch_out)} result batch dims for {ivd} indices batch dims")
+    for j, d in enumerate(batch_out):
+        out[d] = indices[j]
+    operand: list[DimFactors] = [()] * len(op_shape)
+    window = [d for d in range(len(op_shape)) if d not in collapsed and d not in op_batch]
+    if len(window) != len(offset_dims):
+        raise ValueError("gather: offset dims do not match the operand's window dims")
+    out_of = dict(zip(window, offset_dims, strict=True))
+    for d, n in enumerate(op_shape):
+        if d in op_batch:
+            operand[d] = indices[idx_batch[op_batch.index(d)]]
+        elif slice_sizes[d] == n and d not in indexed:
+            operand[d] = out[out_of[d]] = F(f"o{d}", n)
+        elif slice_sizes[d] == 1 and d in indexed and linear_ok:
+            operand[d] = F(f"v{d}", n, reduction=True)  # vocabulary-parallel lookup
+        else:
+            operand[d] = F(f"x{d}", n, need=True)
+            if d in out_of:
+                out[out_of[d]] = F(f"y{d}", slice_sizes[d], need=True)
+    return F.sig(t, [tuple(operand), tuple(indices)], [tuple(out)],
+                 linear=((0,),) if linear_ok else (), flops=float(t.out_size))
+
+
+def scatter(t: EqnTypes) -> FactorSignature:
+    """Every scatter primitive: operands (operand, indices, updates), one result."""
+    dn = t.params["dimension_numbers"]
+    op_shape, idx_shape, upd_shape = t.in_shapes[0], t.in_shapes[1], t.in_shapes[2]
+    ivd = len(idx_shape) - 1
+    window_upd = tuple(dn.update_window_dims)
+    inserted = set(dn.inserted_window_dims)
+    indexed = set(dn.scatter_dims_to_operand_dims)
+    op_batch = tuple(dn.operand_batching_dims)
+    idx_batch = tuple(dn.scatter_indices_batching_dims)
+    additive = t.name in ADDITIVE_SCATTERS and summable(t.out_dtypes[0])
+    F = Factors()
+
+    indices: list[DimFactors] = []
+    for j in range(ivd):
+        if j in idx_batch:
+            d = op_batch[idx_batch.index(j)]
+            indices.append(F(f"o{d}", idx_shape[j]))
+        else:
+            indices.append(F(f"s{j}", idx_shape[j], reduction=additive, need=not additive))
+    indices.append(F("iv", idx_shape[ivd], need=True))
+    updates: list[DimFactors] = [()] * len(upd_shape)
+    scatter_upd = [u for u in range(len(upd_shape)) if u not in window_upd]
+    if len(scatter_upd) != ivd:
+        raise ValueError(f"scatter: {len(scatter_upd)} update scatter dims for {ivd} indices batch dims")
+    for j, u in enumerate(scatter_upd):
+        updates[u] = indices[j]
+    window_op = [d for d in range(len(op_shape)) if d not in inserted and d not in op_batch]
+    if len(window_op) != len(window_upd):
+        raise ValueError("scatter: update window dims do not match the operand's window dims")
+    upd_of = dict(zip(window_op, window_upd, strict=True))
+    operand: list[DimFactors] = []
+    for d, n in enumerate(op_shape):
+        if d in op_batch:
+            operand.append(F(f"o{d}", n))
+        elif d in upd_of:
+            u = upd_of[d]
+            if upd_shape[u] == n and d not in indexed:
+                operand.append(F(f"o{d}", n))
+                updates[u] = operand[d]
+            elif upd_shape[u] == 1 and d in indexed:
+                operand.append(F(f"o{d}", n))
+            else:
+                operand.append(F(f"o{d}", n, need=True))
+                updates[u] = F(f"w{u}", upd_shape[u], need=True)
+        else:  # an inserted window dim: one element wide
+            operand.append(F(f"o{d}", n, need=d not in indexed))
+    if additive:
+        linear: tuple[tuple[int, ...], ...] = ((0, 2),)
+    elif t.name in ("scatter-mul", "scatter_mul") and summable(t.out_dtypes[0]):
+        linear = ((0,),)
+    else:
+        linear = ()
+    return F.sig(t, [tuple(operand), tuple(indices), tuple(updates)], [tuple(operand)],
+                 linear=linear, flops=float(math.prod(upd_shape)))
