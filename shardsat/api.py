@@ -17,8 +17,9 @@ from .errors import InvalidArgumentError, InvalidMeshError, NoPlanError
 from .extract.cost import CostModel
 from .extract.greedy import Extractor
 from .extract.profile import DeviceProfile, get_profile
+from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
-from .pins import resolve_pins
+from .pins import resolve_pins, resolve_ties
 from .rules.apply import grow
 from .runtime.plan import Plan, Report
 
@@ -35,6 +36,7 @@ def saturate_and_extract(
     rules: Sequence[Ruleset] = (),
     in_shardings: Any = None,
     out_shardings: Any = None,
+    state_argnums: Any = None,
 ) -> Plan:
     """Plan how to shard `fn(*example_args)` over `mesh`.
 
@@ -48,6 +50,10 @@ def saturate_and_extract(
     in_shardings / out_shardings: optional pins, pytree prefixes of the arguments (a tuple, one
       entry per positional argument) and of the output, with PartitionSpec / NamedSharding leaves
       as hard constraints and None leaves left free.
+    state_argnums: positional arguments that are loop-carried state (parameters, optimizer
+      state): each comes back as an output subtree of the same structure and keeps one layout in
+      and out, so `plan.jit()` can run in a loop with no resharding between steps; their buffers
+      are donated. "auto" ties every argument that comes back.
     """
     if not isinstance(mesh, Mesh):
         raise InvalidMeshError(
@@ -65,6 +71,7 @@ def saturate_and_extract(
     t_trace = time.perf_counter() - start
     spaces = SpaceTable(MeshAxes.from_mesh(mesh))
     arg_pins, out_pins = resolve_pins(program, spaces, in_shardings, out_shardings, program.name)
+    tie_pairs = resolve_ties(program, state_argnums, program.name)
     run = EGraphRun(program, spaces)
     try:
         tables, sat = grow(run, fallback=fallback, limits=limits, deadline=deadline, extra=rules)
@@ -73,16 +80,30 @@ def saturate_and_extract(
         run.close()
     t1 = time.perf_counter()
     model = CostModel(prof, spaces, tables)
-    node_cost = model.node_costs(graph, run.value_space)
+    combinable = combinable_groups(program, graph)
+    node_cost = model.node_costs(graph, run.value_space, combinable)
     extractor = Extractor(graph, node_cost, run.value_space, spaces, tables.edges, model,
-                          describe=lambda grp: describe_group(program, graph, grp))
-    roots = [
-        (graph.value_group[o], None if k not in out_pins else frozenset({out_pins[k]}))
-        for k, o in enumerate(program.outputs) if not isinstance(o, Literal)
-    ]
+                          describe=lambda grp: describe_group(program, graph, grp), combinable=combinable)
+    roots = []
+    root_of: dict[int, int] = {}
+    for k, o in enumerate(program.outputs):
+        if isinstance(o, Literal):
+            continue
+        root_of[k] = len(roots)
+        roots.append((graph.value_group[o], None if k not in out_pins else frozenset({out_pins[k]})))
+    ties = [(graph.value_group[program.args[a]], root_of[k]) for a, k in tie_pairs if k in root_of]
     place_pins = {graph.value_group[program.args[pos]]: lay for pos, lay in arg_pins.items()}
     try:
-        extraction = extractor.run(roots, deadline=deadline, place_pins=place_pins)
+        extraction = extractor.run(roots, deadline=deadline, place_pins=place_pins, ties=ties)
+        if ties and time.perf_counter() < deadline:
+            # the search is local: also start loop-carried state replicated (plain data
+            # parallelism) and keep the cheaper plan
+            other = Extractor(graph, node_cost, run.value_space, spaces, tables.edges, model,
+                              describe=lambda grp: describe_group(program, graph, grp), combinable=combinable)
+            alt = other.run(roots, deadline=deadline, place_pins=place_pins, ties=ties, tie_start="replicated")
+            alt.seconds += extraction.seconds
+            if alt.total_s < extraction.total_s:
+                extraction = alt
     except NoPlanError as e:
         if sat.stop_reason == StopReason.SATURATED:
             raise
@@ -125,6 +146,8 @@ def saturate_and_extract(
         profile=prof,
         report=report,
         arg_pins=arg_pins,
+        ties=tie_pairs,
+        state_argnums=_argnums_of(program, [a for a, _ in tie_pairs]),
     )
 
 
@@ -143,3 +166,13 @@ def describe_group(program: Any, graph: Any, grp: int) -> str:
         e = program.equations[v.producer]
         return f"the result of `{e.name}` at {e.source}"
     return "a constant"
+
+
+def _argnums_of(program: Any, flat_positions: list[int]) -> list[int]:
+    """Positional arguments that hold any of these flat argument leaves."""
+    out, start = [], 0
+    for i, n in enumerate(program.arg_counts):
+        if any(start <= p < start + n for p in flat_positions):
+            out.append(i)
+        start += n
+    return out

@@ -113,3 +113,66 @@ def resolve_pins(
             "an argument free."
         )
     return arg_pins, out_pins
+
+
+def _subtrees(td: Any, offset: int = 0) -> list[tuple[Any, int]]:
+    out = [(td, offset)]
+    for child in td.children():
+        out += _subtrees(child, offset)
+        offset += child.num_leaves
+    return out
+
+
+def resolve_ties(program: Program, state_argnums: Any, fn_name: str) -> list[tuple[int, int]]:
+    """(flat arg position, flat output position) pairs of loop-carried state: each listed
+    positional argument must come back as a subtree of the output with the same structure,
+    shapes and dtypes. state_argnums="auto" ties every argument that does."""
+    if state_argnums is None or state_argnums == ():
+        return []
+    auto = state_argnums == "auto"
+    nums = range(len(program.arg_counts)) if auto else (
+        (state_argnums,) if isinstance(state_argnums, int) else tuple(state_argnums))
+    arg_trees = program.in_tree.children()
+    starts = [sum(program.arg_counts[:i]) for i in range(len(program.arg_counts))]
+
+    def sig_arg(pos: int) -> tuple[Any, Any]:
+        v = program.values[program.args[pos]]
+        return v.shape, str(v.dtype)
+
+    def sig_out(k: int) -> tuple[Any, Any] | None:
+        o = program.outputs[k]
+        if isinstance(o, Literal):
+            return None
+        v = program.values[o]
+        return v.shape, str(v.dtype)
+
+    ties: list[tuple[int, int]] = []
+    problems = []
+    used: set[int] = set()
+    for i in nums:
+        if not isinstance(i, int) or not 0 <= i < len(arg_trees):
+            raise InvalidArgumentError(
+                f"state_argnums for `{fn_name}` names argument {i!r}; it takes {len(arg_trees)} positional arguments."
+            )
+        target = arg_trees[i]
+        found = None
+        for td, off in _subtrees(program.out_tree):
+            if td != target or any(off + k in used for k in range(td.num_leaves)):
+                continue
+            if all(sig_out(off + k) == sig_arg(starts[i] + k) for k in range(td.num_leaves)):
+                found = off
+                break
+        if found is None:
+            if not auto:
+                problems.append(f"  * argument {i}: no output subtree has its structure {target} with the same "
+                                "shapes and dtypes")
+            continue
+        for k in range(target.num_leaves):
+            ties.append((starts[i] + k, found + k))
+            used.add(found + k)
+    if problems:
+        raise InvalidArgumentError(
+            f"state_argnums for `{fn_name}` cannot be tied to its outputs:\n" + "\n".join(problems)
+            + "\nConsider returning the new state with the same pytree structure as the argument."
+        )
+    return ties

@@ -1,11 +1,17 @@
 """The cost model: seconds per e-node, from the work the rules stage describes.
 
-A local op costs its roofline time on one device: max(FLOPs / flop rate, bytes touched / HBM
-rate). A collective costs alpha-beta time on the mesh axes it spans: the axes' latency plus the
+A local op costs its roofline time on one device: max(FLOPs / flop rate, bytes / HBM rate).
+Contractions, reductions and indexing ops read their operands and write their result; ops XLA
+fuses into their neighbours (elementwise, broadcasts, reshapes, transposes, converts, selects)
+are charged for writing their result only, since their operands stay in registers of the fused
+kernel. A collective costs alpha-beta time on the mesh axes it spans: the axes' latency plus the
 bytes each device moves over the slowest of those links (ring algorithms: all-gather and
 reduce-scatter move (n-1)/n of the full buffer, all-reduce twice that, all-to-all (n-1)/n of the
-shard). A dynamic slice is a local copy. Costs are per node, so a shared node is paid once by DAG
-extraction.
+shard). XLA combines collectives that are independent of the compute chain (those that only
+depend on inputs, like gathering weights, or only feed cheap ops, like reducing gradients for
+the update) into large groups: such a collective pays latency in proportion to its share of a
+combined group (`combine_threshold_bytes`), not once per tensor. A dynamic slice is a local copy.
+Costs are per node, so a shared node is paid once by DAG extraction.
 """
 
 from __future__ import annotations
@@ -18,7 +24,14 @@ import numpy as np
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import MeshAxes, SpaceTable
 from ..rules.apply import RuleTables
+from ..rules.primitives import ELEMENTWISE
 from .profile import DeviceProfile
+
+# Ops XLA fuses with their producers or consumers: charged for their result only.
+FUSIBLE = frozenset(ELEMENTWISE) | {
+    "broadcast_in_dim", "reshape", "transpose", "squeeze", "expand_dims", "iota", "slice", "pad",
+    "concatenate", "rev", "dynamic_slice", "dynamic_update_slice", "split", "clamp", "bitcast_convert_type",
+}
 
 
 @dataclass(frozen=True)
@@ -35,7 +48,7 @@ class CostModel:
         self.mesh: MeshAxes = spaces.mesh
         self.tables = tables
         self._local: dict[tuple[str, int], tuple[float, float, float]] = {}
-        self._coll: dict[tuple[NodeKind, tuple[int, ...], int, int, int], CollectiveCost] = {}
+        self._coll: dict[tuple[NodeKind, tuple[int, ...], int, int, int, bool], CollectiveCost] = {}
 
     # -- local ops ---------------------------------------------------------------------------
     def local_work(self, output_key: str, strategy: int) -> tuple[float, float, float]:
@@ -48,10 +61,11 @@ class CostModel:
         n_out = len(info.result_spaces)
         flops = info.signature.flops / st.split / n_out
         nbytes = 0.0
-        ops = [sp for sp in info.operand_spaces if sp is not None]
-        for sp, lid in zip(ops, st.ins, strict=True):
-            nbytes += self.spaces.shard_bytes(sp, lid)
-        nbytes /= n_out
+        if info.signature.name not in FUSIBLE:
+            ops = [sp for sp in info.operand_spaces if sp is not None]
+            for sp, lid in zip(ops, st.ins, strict=True):
+                nbytes += self.spaces.shard_bytes(sp, lid)
+            nbytes /= n_out
         nbytes += self.spaces.shard_bytes(info.result_spaces[k], st.outs[k])
         p = self.profile
         seconds = max(flops / p.flops_per_s, nbytes / p.hbm_bytes_per_s)
@@ -60,14 +74,16 @@ class CostModel:
         return out
 
     # -- collectives --------------------------------------------------------------------------
-    def collective(self, kind: NodeKind, axes: tuple[int, ...], space_id: int, src: int, dst: int) -> CollectiveCost:
-        key = (kind, axes, space_id, src, dst)
+    def collective(self, kind: NodeKind, axes: tuple[int, ...], space_id: int, src: int, dst: int,
+                   combinable: bool = False) -> CollectiveCost:
+        key = (kind, axes, space_id, src, dst, combinable)
         hit = self._coll.get(key)
         if hit is None:
-            hit = self._coll[key] = self._collective(kind, axes, space_id, src, dst)
+            hit = self._coll[key] = self._collective(kind, axes, space_id, src, dst, combinable)
         return hit
 
-    def _collective(self, kind: NodeKind, axes: tuple[int, ...], space_id: int, src: int, dst: int) -> CollectiveCost:
+    def _collective(self, kind: NodeKind, axes: tuple[int, ...], space_id: int, src: int, dst: int,
+                    combinable: bool) -> CollectiveCost:
         sp = self.spaces.spaces[space_id]
         b_src = self.spaces.shard_bytes(sp, src)
         b_dst = self.spaces.shard_bytes(sp, dst)
@@ -86,10 +102,14 @@ class CostModel:
         names = [self.mesh.names[a] for a in axes]
         bw = min(self.profile.link(a) for a in names)
         lat = max(self.profile.latency(a) for a in names)
+        if combinable:
+            share = max(b_src, b_dst) / self.profile.combine_threshold_bytes
+            lat *= min(1.0, max(share, 1.0 / self.profile.combine_max))
         return CollectiveCost(lat + moved / bw, moved, max(b_src, b_dst))
 
     # -- all nodes ----------------------------------------------------------------------------
-    def node_costs(self, g: ExportedGraph, value_space: list[int]) -> np.ndarray:
+    def node_costs(self, g: ExportedGraph, value_space: list[int], combinable: frozenset[int] = frozenset()) -> np.ndarray:
+        """Seconds per e-node. `combinable`: value groups whose collectives XLA can combine."""
         cost = np.zeros(g.num_nodes)
         group_space = [value_space[vs[0]] if vs else -1 for vs in g.group_values]
         kinds = g.node_kind.tolist()
@@ -112,7 +132,8 @@ class CostModel:
                 if axes is None:
                     axes = unmask[na[n]] = self.mesh.unmask(na[n])
                 sp = group_space[class_group[c]]
-                cost[n] = self.collective(NodeKind(kind), axes, sp, class_layout[kids[ptr[n]]], class_layout[c]).seconds
+                cost[n] = self.collective(NodeKind(kind), axes, sp, class_layout[kids[ptr[n]]], class_layout[c],
+                                          class_group[c] in combinable).seconds
             else:
                 cost[n] = math.inf  # user constructors need a cost (see shardsat.rules)
         return cost

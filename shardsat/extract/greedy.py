@@ -35,6 +35,10 @@ from ..rules.reshard import ReshardEdge
 from .cost import CostModel
 from .result import Extraction, GroupChoice, ReshardStep
 
+# A move must save more than this many seconds (plus a relative 1e-9) to be taken: float noise
+# must never make two plans look better than each other in turn.
+EPS = 1e-12
+
 
 @dataclass
 class SpacePaths:
@@ -47,7 +51,8 @@ class SpacePaths:
     edge: dict[tuple[int, int], tuple[ReshardEdge, float]]  # cheapest direct edge (u, v) rows
 
 
-def space_paths(space_id: int, spaces: SpaceTable, edges: Sequence[ReshardEdge], model: CostModel) -> SpacePaths:
+def space_paths(space_id: int, spaces: SpaceTable, edges: Sequence[ReshardEdge], model: CostModel,
+                combinable: bool = False) -> SpacePaths:
     sp = spaces.spaces[space_id]
     index = {lid: i for i, lid in enumerate(sp.layouts)}
     n = len(sp.layouts)
@@ -57,7 +62,7 @@ def space_paths(space_id: int, spaces: SpaceTable, edges: Sequence[ReshardEdge],
     best: dict[tuple[int, int], tuple[ReshardEdge, float]] = {}
     for e in edges:
         u, v = index[e.src], index[e.dst]
-        c = model.collective(e.kind, e.axes, space_id, e.src, e.dst).seconds
+        c = model.collective(e.kind, e.axes, space_id, e.src, e.dst, combinable).seconds
         if (u, v) not in best or c < best[(u, v)][1]:
             best[(u, v)] = (e, c)
             if c < dist[u, v]:
@@ -82,6 +87,7 @@ class Extractor:
         edges: dict[int, list[ReshardEdge]],
         model: CostModel,
         describe: Callable[[int], str] | None = None,
+        combinable: frozenset[int] = frozenset(),
     ) -> None:
         self.g = g
         self.describe = describe or (lambda grp: f"value group {grp}")
@@ -90,10 +96,13 @@ class Extractor:
         self.model = model
         G = g.num_groups
         self.group_space = [value_space[vs[0]] if vs else -1 for vs in g.group_values]
-        self.paths: dict[int, SpacePaths] = {}
-        for sp in sorted(set(self.group_space)):
-            if sp >= 0:
-                self.paths[sp] = space_paths(sp, spaces, edges.get(sp, []), model)
+        self.combinable = combinable
+        # resharding prices depend on the space and on whether XLA can combine the collectives
+        self.group_key = [(sp, grp in combinable) for grp, sp in enumerate(self.group_space)]
+        self.paths: dict[tuple[int, bool], SpacePaths] = {}
+        for key in sorted(set(self.group_key)):
+            if key[0] >= 0:
+                self.paths[key] = space_paths(key[0], spaces, edges.get(key[0], []), model, key[1])
         # production nodes per group, with their child classes
         self.prod: list[list[int]] = [[] for _ in range(G)]
         self.kids: dict[int, tuple[int, ...]] = {}
@@ -107,7 +116,9 @@ class Extractor:
             self.kids[n] = tuple(int(c) for c in g.children(n))
         self._order()
         self._demand_memo: dict[int, dict[int, tuple[int, ...]]] = {}
-        self._steiner_memo: dict[tuple[int, int, frozenset[int]], tuple[float, tuple[tuple[int, int], ...]]] = {}
+        self._class_at = {(int(grp), int(lay)) for grp, lay in zip(g.class_group, g.class_layout, strict=True)}
+        self.place_of = {}
+        self._steiner_memo: dict[tuple[tuple[int, bool], int, frozenset[int]], tuple[float, tuple[tuple[int, int], ...]]] = {}
 
     # -- structure -------------------------------------------------------------------------------
     def _order(self) -> None:
@@ -155,18 +166,18 @@ class Extractor:
 
     def _row(self, c: int) -> tuple[SpacePaths, int]:
         grp = int(self.g.class_group[c])
-        sp = self.paths[self.group_space[grp]]
+        sp = self.paths[self.group_key[grp]]
         return sp, sp.index[int(self.g.class_layout[c])]
 
     # -- resharding trees -----------------------------------------------------------------------
     def steiner(self, grp: int, src_layout: int, targets: frozenset[int]) -> tuple[float, tuple[tuple[int, int], ...]]:
         """Cost and edges (row pairs) of the union of cheapest paths src -> each target."""
-        sp_id = self.group_space[grp]
-        key = (sp_id, src_layout, targets)
+        pkey = self.group_key[grp]
+        key = (pkey, src_layout, targets)
         hit = self._steiner_memo.get(key)
         if hit is not None:
             return hit
-        sp = self.paths[sp_id]
+        sp = self.paths[pkey]
         s = sp.index[src_layout]
         used: set[tuple[int, int]] = set()
         total = 0.0
@@ -190,11 +201,17 @@ class Extractor:
         self,
         roots: Sequence[tuple[int, frozenset[int] | None]],
         deadline: float,
-        max_sweeps: int = 50,
+        max_sweeps: int = 500,
         place_pins: dict[int, int] | None = None,
+        ties: Sequence[tuple[int, int]] = (),
+        tie_start: str = "estimate",
     ) -> Extraction:
         """roots: (group, allowed layouts or None for any non-partial) per output.
-        place_pins: group -> the layout an input must be placed in."""
+        place_pins: group -> the layout an input must be placed in.
+        ties: (input group, root index): loop-carried state, placed in the layout it is returned in.
+        tie_start: "estimate" starts each tied leaf at its cheapest estimated layout, "replicated"
+          at the replicated layout (plain data parallelism): the search is local, so both starts
+          are worth trying."""
         t0 = time.perf_counter()
         g = self.g
         for grp, lay in (place_pins or {}).items():
@@ -202,6 +219,13 @@ class Extractor:
                 n for n in self.prod[grp]
                 if NodeKind(int(g.node_kind[n])) != NodeKind.PLACE or int(g.node_b[n]) == lay
             ]
+        # place nodes of tied inputs, by layout
+        self.place_of: dict[int, dict[int, int]] = {}
+        for h, _ in ties:
+            self.place_of[h] = {int(g.node_b[n]): n for n in self.prod[h]
+                                if NodeKind(int(g.node_kind[n])) == NodeKind.PLACE}
+        self.all_prod = {h: list(self.prod[h]) for h, _ in ties}
+        tied_root = {r: h for h, r in ties}
         G = g.num_groups
         C = g.num_classes
         cls_layout = g.class_layout
@@ -219,7 +243,7 @@ class Extractor:
         for grp in self.order:
             if not group_classes[grp]:
                 continue
-            sp = self.paths[self.group_space[grp]]
+            sp = self.paths[self.group_key[grp]]
             prod_est = np.full(len(sp.layouts), math.inf)
             for n in self.prod[grp]:
                 v = self.cost[n] + sum(est[c] / uses[int(cls_group[c])] for c in self.kids[n])
@@ -235,13 +259,25 @@ class Extractor:
         # 2. top-down choice
         demand: list[Counter[int]] = [Counter() for _ in range(G)]
         root_layouts: list[int] = []
-        for grp, allowed in roots:
+        for r, (grp, allowed) in enumerate(roots):
             best_c, best_v = -1, math.inf
+            tied = self.place_of.get(tied_root[r]) if r in tied_root else None
+            if tied is not None and tie_start == "replicated":
+                rep = [c for c in group_classes[grp] if not self.spaces.layouts[int(cls_layout[c])].used_axes()
+                       and int(cls_layout[c]) in tied and (allowed is None or int(cls_layout[c]) in allowed)]
+                if rep:
+                    lay = int(cls_layout[rep[0]])
+                    demand[grp][lay] += 1
+                    root_layouts.append(lay)
+                    self.prod[tied_root[r]] = [tied[lay]]
+                    continue
             for c in group_classes[grp]:
                 lay = int(cls_layout[c])
                 if self.spaces.layouts[lay].partial:
                     continue
                 if allowed is not None and lay not in allowed:
+                    continue
+                if tied is not None and lay not in tied:
                     continue
                 if est[c] < best_v:
                     best_c, best_v = c, est[c]
@@ -252,6 +288,9 @@ class Extractor:
                 )
             demand[grp][int(cls_layout[best_c])] += 1
             root_layouts.append(int(cls_layout[best_c]))
+            if tied is not None:
+                h = tied_root[r]
+                self.prod[h] = [tied[int(cls_layout[best_c])]]
         choice: dict[int, int] = {}
         for grp in reversed(self.order):
             if not demand[grp]:
@@ -289,6 +328,10 @@ class Extractor:
                     continue
                 if self._relabel_chain(chain, choice, demand):
                     changed.update(chain)
+            for h, r in ties:
+                o = roots[r][0]
+                if (h in dirty or o in dirty) and self._move_tie(h, r, o, roots[r][1], root_layouts, choice, demand):
+                    changed.update((h, o))
             dirty = set()
             for grp in changed:
                 dirty.add(grp)
@@ -301,11 +344,11 @@ class Extractor:
             lay = int(cls_layout[g.node_class[n]])
             targets = frozenset(demand[grp])
             st_cost, rows = self.steiner(grp, lay, targets)
-            sp = self.paths[self.group_space[grp]]
+            sp = self.paths[self.group_key[grp]]
             steps = []
             for u, v in rows:
                 e, _ = sp.edge[(u, v)]
-                cc = self.model.collective(e.kind, e.axes, self.group_space[grp], e.src, e.dst)
+                cc = self.model.collective(e.kind, e.axes, self.group_space[grp], e.src, e.dst, self.group_key[grp][1])
                 steps.append(ReshardStep(e.kind, e.src, e.dst, e.axes, e.dim, e.dim2, cc.seconds, cc.moved_bytes, cc.buffer_bytes))
             steps.sort(key=lambda s: (sp.dist[sp.index[lay], sp.index[s.src]], s.src, s.dst))
             choices[grp] = GroupChoice(grp, n, lay, tuple(sorted(targets)), steps, float(self.cost[n]))
@@ -318,6 +361,44 @@ class Extractor:
             seconds=time.perf_counter() - t0,
             sweeps=sweeps,
         )
+
+    # -- loop-carried state ----------------------------------------------------------------------
+    def _move_tie(self, h: int, r: int, o: int, allowed: frozenset[int] | None, root_layouts: list[int],
+                  choice: dict[int, int], demand: list[Counter[int]]) -> bool:
+        """Move a state leaf's layout (input placement and returned layout together) to the
+        layout that minimises the exact cost of both ends."""
+        if o not in choice:
+            return False
+        cur = root_layouts[r]
+        touched = {o} | ({h} if h in choice else set())
+        before = self._cost_of(touched, choice, demand)
+        best, best_lay = before - EPS - 1e-9 * before, -1
+        for lay, node in sorted(self.place_of[h].items()):
+            if lay == cur or (allowed is not None and lay not in allowed):
+                continue
+            if (o, lay) not in self._class_at:
+                continue
+            self._retie(h, r, o, lay, node, root_layouts, choice, demand)
+            after = self._cost_of(touched, choice, demand)
+            self._retie(h, r, o, cur, self.place_of[h][cur], root_layouts, choice, demand)
+            if after < best:
+                best, best_lay = after, lay
+        if best_lay < 0:
+            return False
+        self._retie(h, r, o, best_lay, self.place_of[h][best_lay], root_layouts, choice, demand)
+        return True
+
+    def _retie(self, h: int, r: int, o: int, lay: int, node: int, root_layouts: list[int],
+               choice: dict[int, int], demand: list[Counter[int]]) -> None:
+        old = root_layouts[r]
+        demand[o][old] -= 1
+        if demand[o][old] <= 0:
+            del demand[o][old]
+        demand[o][lay] += 1
+        root_layouts[r] = lay
+        self.prod[h] = [node]
+        if h in choice:
+            choice[h] = node
 
     # -- chain moves -----------------------------------------------------------------------------
     def _demands(self, n: int) -> dict[int, tuple[int, ...]]:
@@ -450,7 +531,7 @@ class Extractor:
         old = {grp: choice[grp] for grp in chain}
         self._set(chain, new, choice, demand)
         after = self._cost_of(touched, choice, demand)
-        if after < before - 1e-12 * max(1.0, before):
+        if after < before - EPS - 1e-9 * before:
             return True
         self._set(chain, [old[grp] for grp in chain], choice, demand)
         return False
@@ -489,7 +570,7 @@ class Extractor:
         # operand demand without this value's current contribution, and its current price
         rest: dict[int, Counter[int]] = {}
         before: dict[int, float] = {}
-        best_delta, best_n = -1e-12 * max(1e-9, base), -1
+        best_delta, best_n = -EPS - 1e-9 * base, -1
         for n in self.prod[grp]:
             if n == cur:
                 continue

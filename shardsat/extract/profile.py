@@ -23,6 +23,10 @@ class DeviceProfile:
     link_bytes_per_s: Rate
     latency_s: Rate
     name: str = "custom"
+    # XLA's collective combiners merge independent collectives up to this many bytes
+    # (xla_gpu_*_combine_threshold_bytes); at most `combine_max` share one latency.
+    combine_threshold_bytes: float = 32 * 2**20
+    combine_max: int = 16
 
     def __post_init__(self) -> None:
         for label, v in (("flops_per_s", self.flops_per_s), ("hbm_bytes_per_s", self.hbm_bytes_per_s)):

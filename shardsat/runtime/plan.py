@@ -98,9 +98,10 @@ class PlannedFunction:
     """`jax.jit` of the plan. Arrays committed to a mesh with Explicit axes carry their sharding in
     their type, which the plan overrides: they are moved to the plan's layout first."""
 
-    def __init__(self, jitted: Any, in_shardings: tuple[Any, ...]) -> None:
+    def __init__(self, jitted: Any, in_shardings: tuple[Any, ...], donate_argnums: tuple[int, ...] = ()) -> None:
         self.jitted = jitted
         self.in_shardings = in_shardings
+        self.donate_argnums = donate_argnums
 
     def _prepare(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         leaves, tree = jax.tree_util.tree_flatten(args)
@@ -138,6 +139,8 @@ class Plan:
         profile: DeviceProfile,
         report: Report,
         arg_pins: dict[int, int] | None = None,
+        ties: list[tuple[int, int]] | None = None,
+        state_argnums: list[int] | None = None,
     ) -> None:
         self.fn = fn
         self.program = program
@@ -151,6 +154,8 @@ class Plan:
         self.profile = profile
         self.report = report
         self.arg_pins = dict(arg_pins or {})
+        self.ties = list(ties or [])  # (flat arg, flat output) pairs of loop-carried state
+        self.state_argnums = tuple(state_argnums or ())
         self._layouts = spaces.layouts.layouts
         self._assign()
         self.cost = self._cost()
@@ -223,9 +228,12 @@ class Plan:
         return jax.tree_util.tree_unflatten(self.program.out_tree, leaves)
 
     # -- running --------------------------------------------------------------------------------
-    def jit(self, *, donate_argnums: tuple[int, ...] = ()) -> Any:
-        """`jax.jit` of the planned program with the plan's shardings."""
-        if self._jitted is not None and not donate_argnums:
+    def jit(self, *, donate_argnums: tuple[int, ...] | None = None) -> Any:
+        """`jax.jit` of the planned program with the plan's shardings. Loop-carried state
+        (`state_argnums`) is donated unless `donate_argnums` says otherwise."""
+        if donate_argnums is None:
+            donate_argnums = self.state_argnums
+        if self._jitted is not None and self._jitted.donate_argnums == tuple(donate_argnums):
             return self._jitted
         interp = make_interpreter(
             self.program, self.runs, self.produced, self.parent, self._layouts, self.axes, self.runtime_mesh,
@@ -246,11 +254,11 @@ class Plan:
         planned.__name__ = f"planned_{prog.name}"
         f = PlannedFunction(
             jax.jit(planned, in_shardings=self.in_shardings, out_shardings=self.out_shardings,
-                    donate_argnums=donate_argnums),
+                    donate_argnums=tuple(donate_argnums)),
             self.in_shardings,
+            tuple(donate_argnums),
         )
-        if not donate_argnums:
-            self._jitted = f
+        self._jitted = f
         return f
 
     def hlo_collectives(self, *args: Any) -> Counter[str]:
@@ -260,7 +268,7 @@ class Plan:
                 self.program.in_tree,
                 [jax.ShapeDtypeStruct(self.program.values[v].shape, self.program.values[v].dtype)
                  for v in self.program.args]))
-        text = self.jit().lower(*args).compile().as_text()
+        text = self.jit(donate_argnums=()).lower(*args).compile().as_text()
         return count_collectives(text)
 
     def predicted_collectives(self) -> Counter[str]:
