@@ -17,6 +17,7 @@ from .errors import InvalidArgumentError, InvalidMeshError, NoPlanError
 from .extract.cost import CostModel
 from .extract.greedy import Extractor
 from .extract.profile import DeviceProfile, get_profile
+from .extract.seeds import seeds
 from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
 from .pins import resolve_pins, resolve_ties
@@ -95,15 +96,17 @@ def saturate_and_extract(
     place_pins = {graph.value_group[program.args[pos]]: lay for pos, lay in arg_pins.items()}
     try:
         extraction = extractor.run(roots, deadline=deadline, place_pins=place_pins, ties=ties)
-        if ties and time.perf_counter() < deadline:
-            # the search is local: also start loop-carried state replicated (plain data
-            # parallelism) and keep the cheaper plan
-            other = Extractor(graph, node_cost, run.value_space, spaces, tables.edges, model,
-                              describe=lambda grp: describe_group(program, graph, grp), combinable=combinable)
-            alt = other.run(roots, deadline=deadline, place_pins=place_pins, ties=ties, tie_start="replicated")
-            alt.seconds += extraction.seconds
+        # The search is local: for training steps also start from the two classic global
+        # layouts of the state (replicated: data parallel; sharded: ZeRO-3) and keep the best.
+        spent = extraction.seconds
+        for seed in seeds(program, graph, spaces, tie_pairs, arg_pins):
+            if time.perf_counter() >= deadline:
+                break
+            alt = extractor.run(roots, deadline=deadline, place_pins=place_pins, ties=ties, seed=seed)
+            spent += alt.seconds
             if alt.total_s < extraction.total_s:
                 extraction = alt
+        extraction.seconds = spent
     except NoPlanError as e:
         if sat.stop_reason == StopReason.SATURATED:
             raise
@@ -145,6 +148,7 @@ def saturate_and_extract(
         extraction=extraction,
         profile=prof,
         report=report,
+        model=model,
         arg_pins=arg_pins,
         ties=tie_pairs,
         state_argnums=_argnums_of(program, [a for a, _ in tie_pairs]),

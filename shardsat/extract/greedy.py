@@ -204,27 +204,36 @@ class Extractor:
         max_sweeps: int = 500,
         place_pins: dict[int, int] | None = None,
         ties: Sequence[tuple[int, int]] = (),
-        tie_start: str = "estimate",
+        seed: dict[int, int] | None = None,
     ) -> Extraction:
         """roots: (group, allowed layouts or None for any non-partial) per output.
         place_pins: group -> the layout an input must be placed in.
         ties: (input group, root index): loop-carried state, placed in the layout it is returned in.
-        tie_start: "estimate" starts each tied leaf at its cheapest estimated layout, "replicated"
-          at the replicated layout (plain data parallelism): the search is local, so both starts
-          are worth trying."""
+        seed: input group -> the layout the first plan places it in (released for the
+          improvement phase): the search is local, so callers try a few global starting points
+          (data parallel, fully sharded state) besides the estimate."""
         t0 = time.perf_counter()
         g = self.g
+        if not hasattr(self, "_prod_full"):
+            self._prod_full = [list(p) for p in self.prod]
+        self.prod = [list(p) for p in self._prod_full]  # pins and ties below narrow a copy
         for grp, lay in (place_pins or {}).items():
             self.prod[grp] = [
                 n for n in self.prod[grp]
                 if NodeKind(int(g.node_kind[n])) != NodeKind.PLACE or int(g.node_b[n]) == lay
             ]
         # place nodes of tied inputs, by layout
+        released: dict[int, list[int]] = {}
+        for h, lay in (seed or {}).items():
+            nodes = [n for n in self.prod[h]
+                     if NodeKind(int(g.node_kind[n])) == NodeKind.PLACE and int(g.node_b[n]) == lay]
+            if nodes:
+                released[h] = self.prod[h]
+                self.prod[h] = nodes
         self.place_of: dict[int, dict[int, int]] = {}
         for h, _ in ties:
             self.place_of[h] = {int(g.node_b[n]): n for n in self.prod[h]
                                 if NodeKind(int(g.node_kind[n])) == NodeKind.PLACE}
-        self.all_prod = {h: list(self.prod[h]) for h, _ in ties}
         tied_root = {r: h for h, r in ties}
         G = g.num_groups
         C = g.num_classes
@@ -262,11 +271,9 @@ class Extractor:
         for r, (grp, allowed) in enumerate(roots):
             best_c, best_v = -1, math.inf
             tied = self.place_of.get(tied_root[r]) if r in tied_root else None
-            if tied is not None and tie_start == "replicated":
-                rep = [c for c in group_classes[grp] if not self.spaces.layouts[int(cls_layout[c])].used_axes()
-                       and int(cls_layout[c]) in tied and (allowed is None or int(cls_layout[c]) in allowed)]
-                if rep:
-                    lay = int(cls_layout[rep[0]])
+            if tied is not None and seed and tied_root[r] in seed:
+                lay = seed[tied_root[r]]
+                if lay in tied and (allowed is None or lay in allowed) and (grp, lay) in self._class_at:
                     demand[grp][lay] += 1
                     root_layouts.append(lay)
                     self.prod[tied_root[r]] = [tied[lay]]
@@ -309,6 +316,9 @@ class Extractor:
             choice[grp] = best_n
             for c in self.kids[best_n]:
                 demand[int(cls_group[c])][int(cls_layout[c])] += 1
+        for h, nodes in released.items():
+            if h not in self.place_of:
+                self.prod[h] = nodes
         # 3. improvement: exact single-value moves, then exact chain re-labelling (Viterbi)
         sweeps = 0
         chains = self._chains(choice, demand)

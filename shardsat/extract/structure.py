@@ -8,11 +8,8 @@ from ..egraph.program import Program
 HEAVY = frozenset({"dot_general", "conv_general_dilated"})
 
 
-def combinable_groups(program: Program, graph: ExportedGraph) -> frozenset[int]:
-    """Value groups whose collectives XLA's combiners can merge with others: those that do not
-    sit between two heavy ops (contractions) on a dependency chain. Gathering a weight (depends
-    on inputs only) or reducing a gradient for the optimizer (feeds only cheap ops) can be
-    delayed or hoisted and batched; an activation all-reduce between two matmuls cannot."""
+def heavy_roles(program: Program) -> tuple[list[bool], list[bool]]:
+    """Per value: (some contraction depends on it, it depends on a contraction)."""
     n = len(program.values)
     after = [False] * n
     before = [False] * n
@@ -21,11 +18,19 @@ def combinable_groups(program: Program, graph: ExportedGraph) -> frozenset[int]:
         for o in eqn.outputs:
             after[o] = dep
     for eqn in reversed(program.equations):
-        feeds = eqn.name in HEAVY or any(before[o] for o in eqn.outputs)
-        if feeds:
+        if eqn.name in HEAVY or any(before[o] for o in eqn.outputs):
             for a in eqn.inputs:
                 if isinstance(a, int):
                     before[a] = True
+    return before, after
+
+
+def combinable_groups(program: Program, graph: ExportedGraph) -> frozenset[int]:
+    """Value groups whose collectives XLA's combiners can merge with others: those that do not
+    sit between two heavy ops (contractions) on a dependency chain. Gathering a weight (depends
+    on inputs only) or reducing a gradient for the optimizer (feeds only cheap ops) can be
+    delayed or hoisted and batched; an activation all-reduce between two matmuls cannot."""
+    before, after = heavy_roles(program)
     out = set()
     for grp, vids in enumerate(graph.group_values):
         if vids and all(not (after[v] and before[v]) for v in vids):

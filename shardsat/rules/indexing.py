@@ -3,8 +3,8 @@
 gather (`jnp.take`, `x[idx]`, `table[tokens]`, `take_along_axis`):
   * each batch dim of `indices` (every dim but the trailing index vector) and the result dim it
     becomes share a factor; an operand batching dim shares it too;
-  * an operand dim sliced whole and not indexed (an embedding's feature dim) and the result's
-    offset dim share a factor;
+  * an operand dim sliced whole (an embedding's feature dim) and the result's offset dim share a
+    factor (if it is indexed, the only start in range is 0: clamped or filled, each shard knows);
   * an operand dim indexed with slice size 1 (an embedding's vocabulary dim) is a *reduction*
     factor (the vocabulary-parallel lookup): each shard gathers the rows it holds and zeros the
     others, so the sum over shards is the lookup. Gather is linear in its operand;
@@ -15,7 +15,8 @@ gather (`jnp.take`, `x[idx]`, `table[tokens]`, `take_along_axis`):
 scatter, scatter-add, scatter-sub, scatter-mul, scatter-min, scatter-max:
   * operand and result dims share a factor, shardable where each shard can apply its part of
     every update on its own: an operand batching dim (shared with indices and updates), a window
-    dim the updates cover whole and that is not indexed (shared with the updates), or an indexed
+    dim the updates cover whole (shared with the updates; if indexed, the only start in range is 0),
+    or an indexed
     dim whose window is one element wide (each shard applies the updates whose index falls in
     its range: updates and indices stay replicated there). Other operand dims need replication,
     and so does the update window dim mapped to them;
@@ -105,7 +106,7 @@ def gather(t: EqnTypes) -> FactorSignature:
     for d, n in enumerate(op_shape):
         if d in op_batch:
             operand[d] = indices[idx_batch[op_batch.index(d)]]
-        elif slice_sizes[d] == n and d not in indexed:
+        elif slice_sizes[d] == n:  # sliced whole (if indexed, the only start in range is 0)
             operand[d] = out[out_of[d]] = F(f"o{d}", n)
         elif slice_sizes[d] == 1 and d in indexed and linear_ok:
             operand[d] = F(f"v{d}", n, reduction=True)  # vocabulary-parallel lookup
@@ -154,7 +155,7 @@ def scatter(t: EqnTypes) -> FactorSignature:
             operand.append(F(f"o{d}", n))
         elif d in upd_of:
             u = upd_of[d]
-            if upd_shape[u] == n and d not in indexed:
+            if upd_shape[u] == n:  # covered whole (if indexed, the only start in range is 0)
                 operand.append(F(f"o{d}", n))
                 updates[u] = operand[d]
             elif upd_shape[u] == 1 and d in indexed:

@@ -14,8 +14,11 @@ from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import Layout, MeshAxes, SpaceTable, auto_mesh
 from ..egraph.program import Literal, Program
 from ..errors import ShardsatError
+from ..extract.cost import CostModel
+from ..extract.memory import MemoryEstimate, estimate_memory
 from ..extract.profile import DeviceProfile
 from ..extract.result import Extraction
+from ..extract.structure import HEAVY, heavy_roles
 from ..limits import StopReason
 from ..rules.apply import RuleTables
 from .hlo import count_collectives
@@ -52,6 +55,9 @@ class PlanCost:
     argument_bytes: int  # per device, all arguments
     output_bytes: int  # per device, all outputs
     argument_bytes_by_path: dict[str, int] = field(default_factory=dict)
+    memory: MemoryEstimate | None = None  # per device: parameters, optimizer state, gradients, peak
+    flops: float = 0.0  # per device
+    update_flops: float = 0.0  # per device, in ops after the last contraction (the weight update)
 
     def count(self) -> Counter[str]:
         return Counter(c.kind for c in self.collectives)
@@ -138,6 +144,7 @@ class Plan:
         extraction: Extraction,
         profile: DeviceProfile,
         report: Report,
+        model: CostModel | None = None,
         arg_pins: dict[int, int] | None = None,
         ties: list[tuple[int, int]] | None = None,
         state_argnums: list[int] | None = None,
@@ -153,6 +160,7 @@ class Plan:
         self.extraction = extraction
         self.profile = profile
         self.report = report
+        self.model = model
         self.arg_pins = dict(arg_pins or {})
         self.ties = list(ties or [])  # (flat arg, flat output) pairs of loop-carried state
         self.state_argnums = tuple(state_argnums or ())
@@ -353,7 +361,23 @@ class Plan:
                 continue
             v = self.program.values[o]
             out_bytes += self.spaces.shard_bytes(self.spaces.space(v.shape, v.dtype), lid)
-        return PlanCost(compute, comm, compute + comm, colls, arg_bytes, out_bytes, by_path)
+        memory = estimate_memory(
+            self.program, self.graph, self.spaces, ex,
+            state_args=frozenset(a for a, _ in self.ties), donated_outputs=frozenset(k for _, k in self.ties))
+        flops = update = 0.0
+        if self.model is not None:
+            before, after = heavy_roles(self.program)
+            for r in self.runs:
+                eqn = self.program.equations[r.eqn]
+                grp = self.graph.value_group[eqn.outputs[r.outputs[0][0]]]
+                node = ex.choices[grp].node
+                f = sum(self.model.local_work(self.tables.output_key[eqn.outputs[k]], int(self.graph.node_a[node]))[1]
+                        for k, _ in r.outputs)
+                flops += f
+                o = eqn.outputs[r.outputs[0][0]]
+                if after[o] and not before[o] and eqn.name not in HEAVY:
+                    update += f
+        return PlanCost(compute, comm, compute + comm, colls, arg_bytes, out_bytes, by_path, memory, flops, update)
 
     # -- presentation ---------------------------------------------------------------------------
     def explain(self) -> str:

@@ -1,0 +1,121 @@
+"""Per-device memory of a plan: arguments by role, outputs, gradients and a liveness-based
+peak of intermediates, from the layouts extraction chose."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..egraph.export import ExportedGraph
+from ..egraph.layout import SpaceTable
+from ..egraph.program import Literal, Program
+from .result import Extraction
+from .structure import HEAVY, heavy_roles
+
+
+@dataclass
+class MemoryEstimate:
+    parameters: int  # arguments read by a contraction (weights)
+    optimizer_state: int  # other loop-carried state (moments, counters)
+    inputs: int  # other arguments (the batch)
+    gradients: int  # reduced gradients: contraction results with a weight's shape, feeding only the update
+    activations_peak: int  # peak of live intermediates (program order)
+    outputs: int  # outputs that do not reuse a donated argument buffer (also in the peak)
+    by_path: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def arguments(self) -> int:
+        return self.parameters + self.optimizer_state + self.inputs
+
+    @property
+    def total(self) -> int:
+        """Arguments plus the peak of intermediates (outputs are live at the end of it)."""
+        return self.arguments + self.activations_peak
+
+
+def estimate_memory(
+    program: Program,
+    graph: ExportedGraph,
+    spaces: SpaceTable,
+    extraction: Extraction,
+    state_args: frozenset[int] = frozenset(),  # flat positions of loop-carried state
+    donated_outputs: frozenset[int] = frozenset(),  # flat outputs written into donated buffers
+) -> MemoryEstimate:
+    ch = extraction.choices
+    feeds_heavy, after_heavy = heavy_roles(program)
+
+    def bytes_of(vid: int, lid: int | None) -> int:
+        v = program.values[vid]
+        sp = spaces.space(v.shape, v.dtype)
+        return spaces.shard_bytes(sp, lid) if lid is not None else v.nbytes
+
+    params = opt = inputs = 0
+    by_path: dict[str, int] = {}
+    weight_shapes = set()
+    for pos, vid in enumerate(program.args):
+        grp = graph.value_group.get(vid)
+        lid = ch[grp].layout if grp in ch else None
+        b = bytes_of(vid, lid)
+        by_path[program.arg_paths[pos]] = b
+        # roles: with loop-carried state, weights are the state a contraction reads and the
+        # rest of the state is optimizer state; without it, every argument is an input
+        if pos in state_args and feeds_heavy[vid]:
+            params += b
+            weight_shapes.add((program.values[vid].shape, str(program.values[vid].dtype)))
+        elif pos in state_args:
+            opt += b
+        else:
+            inputs += b
+    # gradients: contraction-derived values with a weight's shape that feed no contraction
+    grads = 0
+    seen: set[int] = set()
+    for eqn in program.equations:
+        for o in eqn.outputs:
+            v = program.values[o]
+            grp = graph.value_group.get(o)
+            if grp is None or grp not in ch or grp in seen:
+                continue
+            if eqn.name in HEAVY and after_heavy[o] and not feeds_heavy[o] and \
+                    (v.shape, str(v.dtype)) in weight_shapes and len(v.shape) >= 2:
+                seen.add(grp)
+                reduced = [lid for lid in (*ch[grp].demanded, ch[grp].layout) if not spaces.layouts[lid].partial]
+                grads += min(bytes_of(o, lid) for lid in reduced) if reduced else bytes_of(o, None)
+    # peak of live intermediates, in program order
+    last_use: dict[int, int] = {}
+    for eqn in program.equations:
+        for a in eqn.inputs:
+            if isinstance(a, int):
+                grp = graph.value_group.get(a)
+                if grp is not None:
+                    last_use[grp] = eqn.index
+    end = len(program.equations)
+    in_donated: set[int] = set()
+    for k, o in enumerate(program.outputs):
+        if not isinstance(o, Literal):
+            grp = graph.value_group.get(o)
+            if grp is not None:
+                last_use[grp] = end
+                if k in donated_outputs:
+                    in_donated.add(grp)  # written into the donated argument's buffer
+    events: list[tuple[int, int]] = []
+    born: set[int] = set()
+    for eqn in program.equations:
+        for o in eqn.outputs:
+            grp = graph.value_group.get(o)
+            if grp is None or grp not in ch or grp in born or grp in in_donated:
+                continue
+            born.add(grp)
+            c = ch[grp]
+            size = bytes_of(o, c.layout) + sum(bytes_of(o, lid) for lid in c.demanded if lid != c.layout)
+            events.append((eqn.index, size))
+            events.append((last_use.get(grp, eqn.index) + 1, -size))
+    events.sort()
+    live = peak = 0
+    for _, d in events:
+        live += d
+        peak = max(peak, live)
+    outs = 0
+    for k, (o, lid) in enumerate(zip(program.outputs, extraction.root_layouts, strict=True)):
+        if isinstance(o, Literal) or k in donated_outputs:
+            continue
+        outs += bytes_of(o, lid)
+    return MemoryEstimate(params, opt, inputs, grads, peak, outs, by_path)
