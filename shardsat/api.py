@@ -15,8 +15,10 @@ from .egraph.program import Literal, trace
 from .egraph.run import EGraphRun
 from .errors import InvalidArgumentError, InvalidMeshError, NoPlanError
 from .extract.cost import CostModel
-from .extract.greedy import Extractor
+from .extract.memory import MemoryEstimate, estimate_memory
 from .extract.profile import DeviceProfile, get_profile
+from .extract.result import Extraction
+from .extract.search import Problem, best_plan, fit_memory
 from .extract.seeds import seeds
 from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
@@ -38,6 +40,7 @@ def saturate_and_extract(
     in_shardings: Any = None,
     out_shardings: Any = None,
     state_argnums: Any = None,
+    memory_limit: int | None = None,
 ) -> Plan:
     """Plan how to shard `fn(*example_args)` over `mesh`.
 
@@ -55,6 +58,9 @@ def saturate_and_extract(
       state): each comes back as an output subtree of the same structure and keeps one layout in
       and out, so `plan.jit()` can run in a loop with no resharding between steps; their buffers
       are donated. "auto" ties every argument that comes back.
+    memory_limit: bytes per device the plan may use (arguments plus the peak of intermediates,
+      as `plan.cost.memory.total` estimates it); raises NoPlanError naming the smallest plan
+      found if none fits.
     """
     if not isinstance(mesh, Mesh):
         raise InvalidMeshError(
@@ -83,8 +89,6 @@ def saturate_and_extract(
     model = CostModel(prof, spaces, tables)
     combinable = combinable_groups(program, graph)
     node_cost = model.node_costs(graph, run.value_space, combinable)
-    extractor = Extractor(graph, node_cost, run.value_space, spaces, tables.edges, model,
-                          describe=lambda grp: describe_group(program, graph, grp), combinable=combinable)
     roots = []
     root_of: dict[int, int] = {}
     for k, o in enumerate(program.outputs):
@@ -92,21 +96,31 @@ def saturate_and_extract(
             continue
         root_of[k] = len(roots)
         roots.append((graph.value_group[o], None if k not in out_pins else frozenset({out_pins[k]})))
-    ties = [(graph.value_group[program.args[a]], root_of[k]) for a, k in tie_pairs if k in root_of]
-    place_pins = {graph.value_group[program.args[pos]]: lay for pos, lay in arg_pins.items()}
+    problem = Problem(
+        graph=graph, node_cost=node_cost, value_space=run.value_space, spaces=spaces, edges=tables.edges,
+        model=model, combinable=combinable, describe=lambda grp: describe_group(program, graph, grp),
+        roots=roots, place_pins={graph.value_group[program.args[pos]]: lay for pos, lay in arg_pins.items()},
+        ties=[(graph.value_group[program.args[a]], root_of[k]) for a, k in tie_pairs if k in root_of],
+        # the search is local: training steps also start from data-parallel and ZeRO-3 state
+        seeds=seeds(program, graph, spaces, tie_pairs, arg_pins),
+    )
+
+    def full_roots(ex: Extraction) -> Extraction:
+        if len(ex.root_layouts) != len(program.outputs):
+            it = iter(ex.root_layouts)
+            ex.root_layouts = [None if isinstance(o, Literal) else next(it) for o in program.outputs]
+        return ex
+
+    def memory_of(ex: Extraction) -> MemoryEstimate:
+        return estimate_memory(program, graph, spaces, full_roots(ex),
+                               state_args=frozenset(a for a, _ in tie_pairs),
+                               donated_outputs=frozenset(k for _, k in tie_pairs))
+
     try:
-        extraction = extractor.run(roots, deadline=deadline, place_pins=place_pins, ties=ties)
-        # The search is local: for training steps also start from the two classic global
-        # layouts of the state (replicated: data parallel; sharded: ZeRO-3) and keep the best.
-        spent = extraction.seconds
-        for seed in seeds(program, graph, spaces, tie_pairs, arg_pins):
-            if time.perf_counter() >= deadline:
-                break
-            alt = extractor.run(roots, deadline=deadline, place_pins=place_pins, ties=ties, seed=seed)
-            spent += alt.seconds
-            if alt.total_s < extraction.total_s:
-                extraction = alt
-        extraction.seconds = spent
+        extraction = full_roots(best_plan(problem, node_cost, deadline))
+        if memory_limit is not None:
+            extraction, _ = fit_memory(problem, extraction, int(memory_limit), memory_of, deadline)
+            extraction = full_roots(extraction)
     except NoPlanError as e:
         if sat.stop_reason == StopReason.SATURATED:
             raise
@@ -115,11 +129,6 @@ def saturate_and_extract(
             f"{sat.nodes} e-nodes, {sat.seconds:.2f} s) before every value had a plan. Consider raising "
             f"shardsat.Limits (now {limits})."
         ) from e
-    root_layouts: list[int | None] = []
-    it = iter(extraction.root_layouts)
-    for o in program.outputs:
-        root_layouts.append(None if isinstance(o, Literal) else next(it))
-    extraction.root_layouts = root_layouts
     t2 = time.perf_counter()
     stop = sat.stop_reason
     if time.perf_counter() > deadline and stop == StopReason.SATURATED:

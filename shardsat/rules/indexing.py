@@ -15,11 +15,10 @@ gather (`jnp.take`, `x[idx]`, `table[tokens]`, `take_along_axis`):
 scatter, scatter-add, scatter-sub, scatter-mul, scatter-min, scatter-max:
   * operand and result dims share a factor, shardable where each shard can apply its part of
     every update on its own: an operand batching dim (shared with indices and updates), a window
-    dim the updates cover whole (shared with the updates; if indexed, the only start in range is 0),
-    or an indexed
-    dim whose window is one element wide (each shard applies the updates whose index falls in
-    its range: updates and indices stay replicated there). Other operand dims need replication,
-    and so does the update window dim mapped to them;
+    dim the updates cover whole (shared with the updates; if indexed, the only start in range is
+    0), or an indexed dim whose window is one element wide (each shard applies the updates whose
+    index falls in its range: updates and indices stay replicated there). Other operand dims need
+    replication, and so does the update window dim mapped to them;
   * each scatter (batch) dim of the updates shares a factor with its indices dim. For
     scatter-add / scatter-sub it is a *reduction* factor: shards scatter their updates, and the
     sum over shards is the result once the operand is counted on one shard only (the shard-local

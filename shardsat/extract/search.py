@@ -1,0 +1,141 @@
+"""The extraction driver: starting points, and the memory budget.
+
+A memory limit is met by Lagrangian relaxation: every argument byte and (at a quarter weight)
+every intermediate byte a node produces is priced at lambda seconds, and lambda grows until the
+plan's memory estimate fits; a few bisection steps then take the cheapest plan that fits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..egraph.export import ExportedGraph, NodeKind
+from ..egraph.layout import SpaceTable
+from ..errors import NoPlanError
+from .cost import CostModel
+from .greedy import Extractor
+from .memory import MemoryEstimate
+from .result import Extraction
+
+ACTIVATION_WEIGHT = 0.25
+
+
+@dataclass
+class Problem:
+    graph: ExportedGraph
+    node_cost: np.ndarray
+    value_space: list[int]
+    spaces: SpaceTable
+    edges: dict
+    model: CostModel
+    combinable: frozenset[int]
+    describe: Callable[[int], str]
+    roots: list[tuple[int, frozenset[int] | None]]
+    place_pins: dict[int, int]
+    ties: list[tuple[int, int]]
+    seeds: list[dict[int, int]]
+
+
+def _reprice(ex: Extraction, cost: np.ndarray) -> Extraction:
+    """True seconds of a plan found under penalised node costs."""
+    total = 0.0
+    for ch in ex.choices.values():
+        ch.node_seconds = float(cost[ch.node])
+        total += ch.node_seconds + sum(s.seconds for s in ch.steps)
+    ex.total_s = total
+    return ex
+
+
+def best_plan(p: Problem, node_cost: np.ndarray, deadline: float) -> Extraction:
+    """The cheapest plan over the starting points (estimate, then each seed)."""
+    ex = Extractor(p.graph, node_cost, p.value_space, p.spaces, p.edges, p.model,
+                   describe=p.describe, combinable=p.combinable)
+    best = ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties)
+    spent = best.seconds
+    for seed in p.seeds:
+        if time.perf_counter() >= deadline:
+            break
+        alt = ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, seed=seed)
+        spent += alt.seconds
+        if alt.total_s < best.total_s:
+            best = alt
+    best.seconds = spent
+    return best
+
+
+def node_bytes(p: Problem) -> np.ndarray:
+    g = p.graph
+    out = np.zeros(g.num_nodes)
+    group_space = [p.value_space[vs[0]] if vs else -1 for vs in g.group_values]
+    for n in range(g.num_nodes):
+        kind = int(g.node_kind[n])
+        c = int(g.node_class[n])
+        sp_id = group_space[int(g.class_group[c])]
+        if sp_id < 0:
+            continue
+        sp = p.spaces.spaces[sp_id]
+        if kind == NodeKind.PLACE:
+            out[n] = p.spaces.shard_bytes(sp, int(g.node_b[n]))
+        elif kind == NodeKind.LOCAL:
+            out[n] = ACTIVATION_WEIGHT * p.spaces.shard_bytes(sp, int(g.class_layout[c]))
+    return out
+
+
+def fit_memory(
+    p: Problem,
+    first: Extraction,
+    limit: int,
+    estimate: Callable[[Extraction], MemoryEstimate],
+    deadline: float,
+    steps: int = 14,
+) -> tuple[Extraction, MemoryEstimate]:
+    """The cheapest plan found whose memory estimate is within `limit` bytes per device."""
+    mem = estimate(first)
+    if mem.total <= limit:
+        return first, mem
+    weights = node_bytes(p)
+    lam = first.total_s / max(mem.total, 1)
+    smallest = (mem.total, mem)
+    fit: tuple[Extraction, MemoryEstimate, float] | None = None
+    low = 0.0
+    for _ in range(steps):
+        if time.perf_counter() >= deadline:
+            break
+        ex = _reprice(best_plan(p, p.node_cost + lam * weights, deadline), p.node_cost)
+        m = estimate(ex)
+        if m.total < smallest[0]:
+            smallest = (m.total, m)
+        if m.total <= limit:
+            fit = (ex, m, lam)
+            break
+        low = lam
+        lam *= 4.0
+    if fit is None:
+        m = smallest[1]
+        raise NoPlanError(
+            f"No plan fits memory_limit={limit:,} bytes per device. The smallest plan found needs "
+            f"{smallest[0]:,} bytes (parameters {m.parameters:,}, optimizer state {m.optimizer_state:,}, "
+            f"inputs {m.inputs:,}, peak intermediates {m.activations_peak:,}). Consider a larger mesh, "
+            "a smaller batch, or memory_limit >= that."
+        )
+    ex, m, hi = fit
+    for _ in range(3):  # a cheaper plan may fit with less pressure
+        if time.perf_counter() >= deadline or hi <= low * 1.01:
+            break
+        mid = (low * hi) ** 0.5 if low > 0 else hi / 4
+        cand = _reprice(best_plan(p, p.node_cost + mid * weights, deadline), p.node_cost)
+        cm = estimate(cand)
+        if cm.total <= limit:
+            hi = mid
+            if cand.total_s < ex.total_s:
+                ex, m = cand, cm
+        else:
+            low = mid
+    return ex, m
+
+
+__all__ = ["Problem", "best_plan", "fit_memory"]
