@@ -18,11 +18,14 @@ from ..extract.cost import CostModel
 from ..extract.memory import MemoryEstimate, estimate_memory
 from ..extract.profile import DeviceProfile
 from ..extract.result import Extraction
-from ..extract.structure import HEAVY, heavy_roles
+from ..extract.structure import heavy_roles
 from ..limits import StopReason
 from ..rules.apply import RuleTables
+from ..rules.primitives import ELEMENTWISE
 from .hlo import count_collectives
 from .lower import EqnRun, Step, make_interpreter
+
+ELEMENTWISE_SET = frozenset(ELEMENTWISE)
 
 KIND_NAMES = {
     NodeKind.ALL_GATHER: "all-gather",
@@ -57,7 +60,8 @@ class PlanCost:
     argument_bytes_by_path: dict[str, int] = field(default_factory=dict)
     memory: MemoryEstimate | None = None  # per device: parameters, optimizer state, gradients, peak
     flops: float = 0.0  # per device
-    update_flops: float = 0.0  # per device, in ops after the last contraction (the weight update)
+    update_flops: float = 0.0  # per device: elementwise ops after the contractions that lead to returned state
+    update_flops_unsharded: float = 0.0  # the same ops on one device (plain data parallelism)
 
     def count(self) -> Counter[str]:
         return Counter(c.kind for c in self.collectives)
@@ -364,9 +368,20 @@ class Plan:
         memory = estimate_memory(
             self.program, self.graph, self.spaces, ex,
             state_args=frozenset(a for a, _ in self.ties), donated_outputs=frozenset(k for _, k in self.ties))
-        flops = update = 0.0
+        flops = update = update_full = 0.0
         if self.model is not None:
             before, after = heavy_roles(self.program)
+            # the weight update: after the last contraction, and leading to returned state
+            targets = {self.program.outputs[k] for _, k in self.ties} or {
+                o for o in self.program.outputs if not isinstance(o, Literal)}
+            to_state = [False] * len(self.program.values)
+            for v in targets:
+                to_state[v] = True  # type: ignore[index]
+            for eqn in reversed(self.program.equations):
+                if any(to_state[o] for o in eqn.outputs):
+                    for a in eqn.inputs:
+                        if isinstance(a, int):
+                            to_state[a] = True
             for r in self.runs:
                 eqn = self.program.equations[r.eqn]
                 grp = self.graph.value_group[eqn.outputs[r.outputs[0][0]]]
@@ -375,9 +390,12 @@ class Plan:
                         for k, _ in r.outputs)
                 flops += f
                 o = eqn.outputs[r.outputs[0][0]]
-                if after[o] and not before[o] and eqn.name not in HEAVY:
+                if after[o] and not before[o] and to_state[o] and eqn.name in ELEMENTWISE_SET:
                     update += f
-        return PlanCost(compute, comm, compute + comm, colls, arg_bytes, out_bytes, by_path, memory, flops, update)
+                    info, _ = self.tables.info(self.tables.output_key[o])
+                    update_full += info.signature.flops
+        return PlanCost(compute, comm, compute + comm, colls, arg_bytes, out_bytes, by_path, memory, flops, update,
+                        update_full)
 
     # -- presentation ---------------------------------------------------------------------------
     def explain(self) -> str:

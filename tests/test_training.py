@@ -1,0 +1,137 @@
+"""Training steps: loop-carried state, weight-update sharding from the algebra, memory."""
+
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+from helpers import assert_hlo_matches
+from jax.sharding import PartitionSpec as P
+
+import shardsat
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from models import GPTConfig, gpt_batch, gpt_params, make_gpt_step
+
+ACCEPT = GPTConfig(layers=2, d_model=512, heads=8, mlp=2048, vocab=4096, seq=128, batch=8, embed="onehot")
+
+
+def abstract_state(cfg):
+    opt, step = make_gpt_step(cfg)
+    params = gpt_params(cfg, abstract=True)
+    return step, (params, jax.eval_shape(opt.init, params)), gpt_batch(cfg, abstract=True)
+
+
+def moment_bytes(plan):
+    by_path = plan.cost.argument_bytes_by_path
+    return sum(b for p, b in by_path.items() if ".mu" in p or ".nu" in p)
+
+
+def full_moment_bytes(plan):
+    prog = plan.program
+    return sum(prog.values[v].nbytes for pos, v in enumerate(prog.args)
+               if ".mu" in prog.arg_paths[pos] or ".nu" in prog.arg_paths[pos])
+
+
+@pytest.fixture(scope="module")
+def data8():
+    return jax.make_mesh((8,), ("data",))
+
+
+@pytest.fixture(scope="module")
+def gpt_plans(data8):
+    step, state, batch = abstract_state(ACCEPT)
+    plan = shardsat.saturate_and_extract(step, data8, state, batch, profile="h100", state_argnums=(0,))
+    rep = jax.tree_util.tree_map(lambda _: P(), state)
+    dp = shardsat.saturate_and_extract(step, data8, state, batch, profile="h100", state_argnums=(0,),
+                                       in_shardings=(rep, None))
+    return plan, dp, state, batch
+
+
+def test_gpt_step_shards_the_weight_update(gpt_plans):
+    plan, dp, state, batch = gpt_plans
+    # Adam moments: 1/8 per device (a few small leaves may stay whole)
+    full = full_moment_bytes(plan)
+    assert moment_bytes(plan) <= full / 8 * 1.02, plan.explain()
+    assert moment_bytes(dp) == full
+    # the update's FLOPs run on 1/8 of each tensor
+    assert plan.cost.update_flops <= plan.cost.update_flops_unsharded / 8 * 1.05
+    # gradients reduced by reduce-scatter over data; every weight matrix stored sharded and
+    # either all-gathered before use or used sharded (with its activations gathered instead,
+    # when that moves fewer bytes)
+    kinds = plan.cost.count()
+    assert kinds["reduce-scatter"] >= ACCEPT.layers * 6
+    weights = [p for p, s in zip(plan.program.arg_paths, jax.tree_util.tree_leaves(plan.in_shardings), strict=False)
+               if p.startswith("args[0][0]") and len(s.spec) > 0]
+    assert len(weights) >= ACCEPT.layers * 6 + 2
+    gathered = [c for c in plan.cost.collectives if c.kind == "all-gather" and c.value.startswith("args[0][0]")]
+    assert gathered
+    assert all(c.axes == ("data",) for c in plan.cost.collectives)
+    # chosen because cheaper: the data-parallel plan with replicated state is predicted slower
+    assert plan.cost.total_s < dp.cost.total_s
+    mem = plan.cost.memory
+    assert mem.optimizer_state <= dp.cost.memory.optimizer_state / 8 * 1.02
+    assert mem.parameters < dp.cost.memory.parameters / 4
+    assert_hlo_matches(plan, state, batch)
+
+
+def test_state_layouts_are_tied(gpt_plans):
+    plan, _, _, _ = gpt_plans
+    ins = jax.tree_util.tree_leaves(plan.in_shardings[0])
+    outs = jax.tree_util.tree_leaves(plan.out_shardings[0])
+    assert [s.spec for s in ins] == [s.spec for s in outs]
+    assert plan.state_argnums == (0,)
+
+
+def test_memory_limit_forces_sharding_or_errors(data8):
+    step, state, batch = abstract_state(GPTConfig(layers=1, d_model=256, heads=4, mlp=1024, vocab=2048,
+                                                  seq=64, batch=8, embed="onehot"))
+    rep = jax.tree_util.tree_map(lambda _: P(), state)
+    dp = shardsat.saturate_and_extract(step, data8, state, batch, profile="h100", state_argnums=(0,),
+                                       in_shardings=(rep, None))
+    limit = dp.cost.memory.total // 2
+    plan = shardsat.saturate_and_extract(step, data8, state, batch, profile="h100", state_argnums=(0,),
+                                         memory_limit=limit)
+    assert plan.cost.memory.total <= limit
+    with pytest.raises(shardsat.NoPlanError, match="smallest plan found needs"):
+        shardsat.saturate_and_extract(step, data8, state, batch, profile="h100", state_argnums=(0,),
+                                      memory_limit=1024)
+
+
+def test_iterated_steps_match_unsharded(data8):
+    # Adam divides by sqrt(v) + eps: with optax's default eps=1e-8, gradient entries near 1e-8
+    # turn summation-order rounding (which differs between any two compilations) into O(lr)
+    # update differences. eps=1e-4 keeps the comparison about shardsat, not about Adam's noise.
+    cfg = GPTConfig(layers=1, d_model=64, heads=4, mlp=128, vocab=256, seq=16, batch=8, embed="onehot")
+    opt = optax.adamw(1e-3, eps=1e-4, weight_decay=0.01)
+    _, step = make_gpt_step(cfg)
+
+    def train_step(state, batch):
+        from models import gpt_loss
+
+        params, opt_state = state
+        loss, grads = jax.value_and_grad(gpt_loss)(params, batch, cfg.embed)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    params = gpt_params(cfg, jax.random.key(0))
+    state = (params, opt.init(params))
+    batch = gpt_batch(cfg, jax.random.key(1))
+    plan = shardsat.saturate_and_extract(train_step, data8, state, batch, profile="h100", state_argnums=(0,))
+    f = plan.jit()
+    s = jax.tree_util.tree_map(lambda x: x.copy(), state)
+    ref = state
+    g = jax.jit(train_step)
+    for _ in range(3):
+        s, loss = f(s, batch)
+        ref, ref_loss = g(ref, batch)
+    for path, a, b in zip(plan.program.out_paths, jax.tree_util.tree_leaves((s, loss)),
+                          jax.tree_util.tree_leaves((ref, ref_loss)), strict=True):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        err = np.max(np.abs(a - b)) / (np.max(np.abs(b)) or 1.0)
+        assert err <= 1e-5, (path, err)
+    # the same plan runs again on its own outputs: layouts in == layouts out
+    for leaf, spec in zip(jax.tree_util.tree_leaves(s), jax.tree_util.tree_leaves(plan.in_shardings[0]), strict=True):
+        assert leaf.sharding.spec == spec.spec
