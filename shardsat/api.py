@@ -41,6 +41,7 @@ def saturate_and_extract(
     out_shardings: Any = None,
     state_argnums: Any = None,
     memory_limit: int | None = None,
+    extraction: str = "auto",
 ) -> Plan:
     """Plan how to shard `fn(*example_args)` over `mesh`.
 
@@ -61,6 +62,9 @@ def saturate_and_extract(
     memory_limit: bytes per device the plan may use (arguments plus the peak of intermediates,
       as `plan.cost.memory.total` estimates it); raises NoPlanError naming the smallest plan
       found if none fits.
+    extraction: "greedy" (DAG-aware greedy with exact local moves), "exact" (also the integer
+      program, within the time limit; the report gives its optimality gap) or "auto" (the
+      integer program on small e-graphs only).
     """
     if not isinstance(mesh, Mesh):
         raise InvalidMeshError(
@@ -70,6 +74,7 @@ def saturate_and_extract(
     if fallback not in FALLBACKS:
         raise InvalidArgumentError(f"fallback must be one of {FALLBACKS}, got {fallback!r}.")
     limits = limits or Limits()
+    method = extraction
     platform = mesh.devices.flat[0].platform
     prof = get_profile(profile, platform)
     start = time.perf_counter()
@@ -117,7 +122,9 @@ def saturate_and_extract(
                                donated_outputs=frozenset(k for _, k in tie_pairs))
 
     try:
-        extraction = full_roots(best_plan(problem, node_cost, deadline))
+        if method not in ("auto", "greedy", "exact"):
+            raise InvalidArgumentError(f"extraction must be 'auto', 'greedy' or 'exact', got {method!r}.")
+        extraction = full_roots(best_plan(problem, node_cost, deadline, method))
         if memory_limit is not None:
             extraction, _ = fit_memory(problem, extraction, int(memory_limit), memory_of, deadline)
             extraction = full_roots(extraction)
@@ -144,6 +151,7 @@ def saturate_and_extract(
         rules_s=sat.load_seconds,
         method=extraction.method,
         sweeps=extraction.sweeps,
+        gap=extraction.gap,
         equations=len(program.equations),
         fallbacks=[f"{name} at {src}" for _, name, src in tables.fallbacks],
     )

@@ -41,3 +41,5 @@ class Extraction:
     sweeps: int = 0
     lower_bound_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    gap: float | None = None  # relative optimality gap when the exact solver ran (0: optimal)
+    exact_status: str | None = None

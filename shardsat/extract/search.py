@@ -17,11 +17,16 @@ from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import SpaceTable
 from ..errors import NoPlanError
 from .cost import CostModel
+from .exact import solve_exact
 from .greedy import Extractor
 from .memory import MemoryEstimate
 from .result import Extraction
 
 ACTIVATION_WEIGHT = 0.25
+# "auto" runs the exact integer program on e-graphs up to this many e-nodes, for this long: the
+# whole-graph ILP stops paying beyond a block or two (its relaxation is weak under sharing).
+EXACT_AUTO_NODES = 1000
+EXACT_AUTO_SECONDS = 2.0
 
 
 @dataclass
@@ -50,8 +55,9 @@ def _reprice(ex: Extraction, cost: np.ndarray) -> Extraction:
     return ex
 
 
-def best_plan(p: Problem, node_cost: np.ndarray, deadline: float) -> Extraction:
-    """The cheapest plan over the starting points (estimate, then each seed)."""
+def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = "auto") -> Extraction:
+    """The cheapest plan over the starting points (estimate, then each seed), then the exact
+    integer program where it is small enough to pay ("auto") or always ("exact")."""
     ex = Extractor(p.graph, node_cost, p.value_space, p.spaces, p.edges, p.model,
                    describe=p.describe, combinable=p.combinable)
     best = ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties)
@@ -63,6 +69,21 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float) -> Extraction:
         spent += alt.seconds
         if alt.total_s < best.total_s:
             best = alt
+    if method == "exact" or (method == "auto" and p.graph.num_nodes <= EXACT_AUTO_NODES):
+        left = deadline - time.perf_counter()
+        limit = left if method == "exact" else min(EXACT_AUTO_SECONDS, left)
+        if limit > 0.1:
+            group_space = [p.value_space[vs[0]] if vs else -1 for vs in p.graph.group_values]
+            partial = {i for i, lay in enumerate(p.spaces.layouts.layouts) if lay.partial}
+            res = solve_exact(p.graph, node_cost, group_space, p.model, p.combinable, p.roots, p.place_pins,
+                              p.ties, partial, limit)
+            spent += res.seconds
+            if res.extraction is not None and res.extraction.total_s < best.total_s - 1e-12:
+                best = res.extraction
+                best.notes.append(f"exact ILP improved the greedy plan; {res.status}")
+            best.gap = res.gap if res.extraction is not None and best is res.extraction else (
+                0.0 if res.status == "optimal" else None)
+            best.exact_status = res.status
     best.seconds = spent
     return best
 
@@ -105,7 +126,7 @@ def fit_memory(
     for _ in range(steps):
         if time.perf_counter() >= deadline:
             break
-        ex = _reprice(best_plan(p, p.node_cost + lam * weights, deadline), p.node_cost)
+        ex = _reprice(best_plan(p, p.node_cost + lam * weights, deadline, "greedy"), p.node_cost)
         m = estimate(ex)
         if m.total < smallest[0]:
             smallest = (m.total, m)
@@ -127,7 +148,7 @@ def fit_memory(
         if time.perf_counter() >= deadline or hi <= low * 1.01:
             break
         mid = (low * hi) ** 0.5 if low > 0 else hi / 4
-        cand = _reprice(best_plan(p, p.node_cost + mid * weights, deadline), p.node_cost)
+        cand = _reprice(best_plan(p, p.node_cost + mid * weights, deadline, "greedy"), p.node_cost)
         cm = estimate(cand)
         if cm.total <= limit:
             hi = mid

@@ -81,6 +81,7 @@ class Report:
     sweeps: int = 0
     equations: int = 0
     fallbacks: list[str] = field(default_factory=list)
+    gap: float | None = None  # optimality gap of the exact solver, when it ran (0.0: proven optimal)
 
     @property
     def total_s(self) -> float:
@@ -90,7 +91,9 @@ class Report:
         s = (
             f"{self.equations} equations -> {self.e_classes} e-classes, {self.e_nodes} e-nodes; "
             f"saturation {self.saturation_s:.3f}s in {self.iterations} iterations ({self.stop_reason.value}); "
-            f"extraction {self.extraction_s:.3f}s ({self.method}, {self.sweeps} sweeps); total {self.total_s:.3f}s"
+            f"extraction {self.extraction_s:.3f}s ({self.method}, {self.sweeps} sweeps"
+            + (f", optimality gap {self.gap:.1%}" if self.gap is not None else "")
+            + f"); total {self.total_s:.3f}s"
         )
         if self.fallbacks:
             s += f"; replicated by fallback: {', '.join(self.fallbacks)}"
