@@ -16,6 +16,7 @@ from .errors import (
 )
 from .extract.profile import PRESETS, DeviceProfile
 from .limits import Limits, StopReason
+from .rules.user import SignatureRule, register_signature
 from .runtime.plan import Collective, Plan, PlanCost, Report
 
 __all__ = [
@@ -30,9 +31,11 @@ __all__ = [
     "Plan",
     "PlanCost",
     "Report",
+    "SignatureRule",
     "ShardsatError",
     "StopReason",
     "UnsupportedPrimitiveError",
+    "register_signature",
     "saturate_and_extract",
 ]
 

@@ -72,3 +72,202 @@ def check_collectives(plan: Plan, *args: Any) -> None:
             f"Compiled HLO has collectives {dict(plan.hlo_collectives(*args))}, the plan predicts "
             f"{dict(plan.predicted_collectives())}.\n{plan.explain()}"
         )
+
+
+class RuleCheckError(PlanMismatchError):
+    """A sharding rule computes something different on shards than on the whole array."""
+
+
+_MESHES = ((2, 4), (1, 8), (8,), (2, 2), (4,))
+
+
+def _mesh(shape: tuple[int, ...]) -> Any:
+    import math
+
+    names = ("x", "y", "z")[: len(shape)]
+    n = math.prod(shape)
+    if jax.device_count() < n:
+        return None
+    return jax.make_mesh(shape, names, devices=jax.devices()[:n],
+                         axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+
+
+def check_strategies(
+    sig: Any,
+    apply: Any,
+    operands: list[np.ndarray],
+    mesh: Any,
+    rng: np.random.Generator,
+    *,
+    name: str,
+    params_for: Any = None,
+    rtol: float = 1e-5,
+    max_strategies: int | None = None,
+) -> list[str]:
+    """Run every strategy the generic rule derives from `sig` on `mesh`; return failures."""
+    from .egraph.layout import MeshAxes, SpaceTable
+    from .rules.strategies import enumerate_strategies
+    from .runtime.verify import check_local
+
+    axes = MeshAxes.from_mesh(mesh)
+    spaces = SpaceTable(axes)
+    outs = jax.eval_shape(apply, *operands)
+    outs_l = list(outs) if isinstance(outs, list | tuple) else [outs]
+    op_spaces = [spaces.space(tuple(x.shape), x.dtype) for x in operands]
+    res_spaces = [spaces.space(tuple(o.shape), o.dtype) for o in outs_l]
+    strategies = enumerate_strategies(sig, axes, spaces, op_spaces, res_spaces)
+    if max_strategies is not None and len(strategies) > max_strategies:
+        pick = rng.choice(len(strategies), max_strategies, replace=False)
+        strategies = [strategies[i] for i in sorted(pick)]
+    failures = []
+    for st in strategies:
+        ins = [spaces.layouts[lid] for lid in st.ins]
+        res = [spaces.layouts[lid] for lid in st.outs]
+        bad = check_local(apply, operands, ins, res, axes, mesh, rng, name=name, params_for=params_for)
+        if bad is not None and not bad.error <= rtol:
+            assign = ", ".join(f"{f}->{axes.label(ax)}" for f, ax in st.factor_axes) or "none"
+            failures.append(
+                f"{name} on mesh {dict(zip(axes.names, axes.sizes, strict=True))}, operand shapes "
+                f"{[tuple(x.shape) for x in operands]}: factors sharded {assign}"
+                + (f", partial sums carried over {axes.label(st.carried)}" if st.carried else "")
+                + f" -> relative error {bad.error:.3g} ({bad.detail})"
+            )
+    return failures
+
+
+def check_rule(
+    rule: Any,
+    *,
+    params: dict[str, Any] | None = None,
+    apply: Any = None,
+    meshes: tuple[tuple[int, ...], ...] = _MESHES,
+    sizes: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16),
+    max_examples: int = 20,
+    max_strategies: int = 12,
+    rtol: float = 1e-5,
+    seed: int = 0,
+) -> None:
+    """Check a rule from `shardsat.register_signature` on the simulated devices.
+
+    Hypothesis draws factor sizes (divisible and not divisible by the mesh) and a mesh; for each
+    strategy the generic rule derives (factors sharded over mesh axes, pending sums carried), the
+    primitive runs on shards inside `shard_map` (pending sums fed in as random parts that sum to
+    the operand) and is compared with the unsharded result. Raises RuleCheckError with the
+    smallest failing example hypothesis finds.
+    """
+    try:
+        from hypothesis import HealthCheck, given, settings
+        from hypothesis import strategies as hs
+    except ImportError as e:  # pragma: no cover
+        raise ShardsatError("check_rule needs hypothesis: pip install hypothesis") from e
+    params = dict(params or {})
+    if apply is None:
+        def apply(*xs: Any, **kw: Any) -> Any:
+            return rule.primitive.bind(*xs, **{**params, **kw})
+    usable = [m for m in meshes if _mesh(m) is not None]
+    if not usable:
+        raise ShardsatError(f"check_rule needs devices for one of the meshes {meshes}; jax has {jax.device_count()}.")
+    factors = rule.factors
+
+    @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(hs.sampled_from(usable), hs.fixed_dictionaries({f: hs.sampled_from(sizes) for f in factors}))
+    def run(mesh_shape: tuple[int, ...], fsizes: dict[str, int]) -> None:
+        rng = np.random.default_rng(seed)
+        operands = []
+        for t in rule.operands:
+            shape = tuple(int(np.prod([fsizes[f] for f in d])) if d else 1 for d in t)
+            operands.append(rng.standard_normal(shape).astype(np.float32))
+        outs = jax.eval_shape(apply, *operands)
+        outs_l = list(outs) if isinstance(outs, list | tuple) else [outs]
+        sig = rule.signature([tuple(x.shape) for x in operands], [tuple(o.shape) for o in outs_l])
+        failures = check_strategies(sig, apply, operands, _mesh(mesh_shape), rng, name=rule.name,
+                                    rtol=rtol, max_strategies=max_strategies)
+        if failures:
+            raise RuleCheckError(f"Rule `{rule.name}` ({rule.spec!r}) is wrong:\n  * " + "\n  * ".join(failures[:5])
+                                 + ("\nConsider declaring the factor as a reduction or need-replication factor."))
+
+    run()
+
+
+def check_equation_rules(fn: Any, *args: Any, mesh: Any, rtol: float = 1e-5, max_strategies: int | None = None,
+                         seed: int = 0) -> list[str]:
+    """Check the built-in signature of every equation `fn(*args)` traces to, on `mesh`: each
+    strategy runs on shards and is compared with the unsharded equation. Returns failures."""
+    from .egraph.program import Literal, trace
+    from .rules.apply import _eqn_types, signature_for
+    from .runtime.verify import localized
+
+    prog = trace(fn, args)
+    env: dict[int, Any] = {}
+    flat = jax.tree_util.tree_leaves(args)
+    for vid, x in zip(prog.args, flat, strict=True):
+        env[vid] = np.asarray(x)
+    for vid in prog.const_values:
+        env[vid] = np.asarray(prog.consts[prog.values[vid].const])
+    rng = np.random.default_rng(seed)
+    failures: list[str] = []
+    for eqn in prog.equations:
+        ins = [a for a in eqn.inputs if not isinstance(a, Literal)]
+        operands = [env[a] for a in ins]
+
+        def apply(*xs: Any, _eqn: Any = eqn, **kw: Any) -> Any:
+            it = iter(xs)
+            full = [a.value if isinstance(a, Literal) else next(it) for a in _eqn.inputs]
+            out = _eqn.primitive.bind(*full, **{**_eqn.params, **kw})
+            return list(out) if _eqn.primitive.multiple_results else out
+
+        t = _eqn_types(prog, eqn)
+        sig, _ = signature_for(eqn, t, None)
+        # the check runs the equation alone, so drop literal operands from the signature
+        keep = [i for i, a in enumerate(eqn.inputs) if not isinstance(a, Literal)]
+        remap = {old: new for new, old in enumerate(keep)}
+        from dataclasses import replace
+
+        sig2 = replace(sig, operands=tuple(sig.operands[i] for i in keep),
+                       linear=tuple(tuple(remap[i] for i in grp) for grp in sig.linear if all(i in remap for i in grp)))
+        fails = check_strategies(sig2, apply, operands, mesh, rng, name=f"{eqn.name} at {eqn.source}",
+                                 params_for=_params_only(eqn.name, eqn.params, localized), rtol=rtol,
+                                 max_strategies=max_strategies)
+        failures += fails
+        outs = apply(*[jax.numpy.asarray(x) for x in operands])
+        outs = outs if isinstance(outs, list) else [outs]
+        for o, v in zip(eqn.outputs, outs, strict=True):
+            env[o] = np.asarray(v)
+    return failures
+
+
+def _params_only(name: str, params: dict[str, Any], localized: Any) -> Any:
+    """Local params that differ from the equation's own (shape params of split dimensions)."""
+    fn = localized(name, params)
+
+    def diff(ins: list, outs: list) -> dict[str, Any]:
+        new = fn(ins, outs)
+        return {k: v for k, v in new.items() if params.get(k) is not v}
+
+    return diff
+
+
+def check_reshard_rules(shape: tuple[int, ...], mesh: Any, dtype: Any = np.float32, seed: int = 0,
+                        max_edges: int | None = None) -> list[str]:
+    """Check every resharding rewrite between layouts of one (shape, dtype) on `mesh`: each
+    collective, as the runtime lowers it, must leave the value unchanged."""
+    from .egraph.layout import MeshAxes, SpaceTable
+    from .rules.reshard import reshard_edges
+    from .runtime.verify import check_collective
+
+    axes = MeshAxes.from_mesh(mesh)
+    spaces = SpaceTable(axes)
+    sp = spaces.space(tuple(shape), np.dtype(dtype))
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(dtype)
+    edges = reshard_edges(sp, spaces)
+    if max_edges is not None and len(edges) > max_edges:
+        edges = [edges[i] for i in sorted(rng.choice(len(edges), max_edges, replace=False))]
+    failures = []
+    for e in edges:
+        err = check_collective(e, x, spaces.layouts.layouts, axes, mesh, rng)
+        if not err <= 1e-5:
+            failures.append(f"{e.kind.name} over {axes.label(e.axes)} from {spaces.layouts[e.src].describe(axes)} to "
+                            f"{spaces.layouts[e.dst].describe(axes)} on shape {shape}: relative error {err:.3g}")
+    return failures

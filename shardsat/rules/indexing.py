@@ -1,31 +1,42 @@
 """Factor signatures of the indexing primitives: gather and the scatter family.
 
-gather (`jnp.take`, `x[idx]`, `table[tokens]`, `take_along_axis`):
+An equation that produces or consumes a pending sum is run on shards (inside shard_map) by
+re-binding the primitive to the local blocks, with only size params localized (runtime/local.py).
+So a factor may be split only where that local bind is exact: indices are never offset to a
+shard's range, and no operand is counted on one shard only. Everything else runs on global
+arrays, partitioned by XLA.
+
+gather (`jnp.take`, `x[idx]`, `table[tokens]`, `take_along_axis`, a vmapped dynamic_slice):
   * each batch dim of `indices` (every dim but the trailing index vector) and the result dim it
     becomes share a factor; an operand batching dim shares it too;
   * an operand dim sliced whole (an embedding's feature dim) and the result's offset dim share a
     factor (if it is indexed, the only start in range is 0: clamped or filled, each shard knows);
-  * an operand dim indexed with slice size 1 (an embedding's vocabulary dim) is a *reduction*
-    factor (the vocabulary-parallel lookup): each shard gathers the rows it holds and zeros the
-    others, so the sum over shards is the lookup. Gather is linear in its operand;
-  * any other operand dim (a slice of another size, a dim read at index 0) and its offset dim
-    need replication, as does the index vector dim.
-  The mode (clip / fill / promise_in_bounds) changes none of this: out-of-range handling is local.
+  * every other operand dim needs replication: an indexed dim (an embedding's vocabulary), a dim
+    sliced to another size, and its offset dim; so does the index vector dim. (The
+    vocabulary-parallel lookup, the indexed dim as a reduction factor, is exact only if each
+    shard offsets the indices to its rows and zeros the others; the local bind does not.)
+  * linear in the operand, unless out-of-range slices are filled with a value whose sum over
+    shards differs from itself (fill mode with a fill other than 0 or NaN).
+  The mode (clip / fill / promise_in_bounds) does not change the factors.
 
-scatter, scatter-add, scatter-sub, scatter-mul, scatter-min, scatter-max:
+scatter, scatter-add, scatter-sub, scatter-mul, scatter-min, scatter-max (never run on shards
+with a pending sum, see below, so XLA partitions them on global arrays):
   * operand and result dims share a factor, shardable where each shard can apply its part of
     every update on its own: an operand batching dim (shared with indices and updates), a window
     dim the updates cover whole (shared with the updates; if indexed, the only start in range is
     0), or an indexed dim whose window is one element wide (each shard applies the updates whose
-    index falls in its range: updates and indices stay replicated there). Other operand dims need
-    replication, and so does the update window dim mapped to them;
-  * each scatter (batch) dim of the updates shares a factor with its indices dim. For
-    scatter-add / scatter-sub it is a *reduction* factor: shards scatter their updates, and the
-    sum over shards is the result once the operand is counted on one shard only (the shard-local
-    computation adds the operand on the first shard of the reduced axes; XLA emits exactly that:
-    one all-reduce). For the others (overwrite, mul, min, max) it needs replication;
-  * scatter-add / scatter-sub are linear in (operand, updates) together; scatter-mul is linear
-    in its operand alone; the others are not linear.
+    index falls in its range: updates and indices stay replicated there; XLA does this with no
+    collective). Other operand dims need replication, and so does the update window dim mapped
+    to them;
+  * each scatter (batch) dim of the updates shares a factor with its indices dim, and needs
+    replication. For scatter-add / scatter-sub it would be a reduction factor (each shard
+    scatters its updates, the sum over shards is the result) only if the operand were counted
+    once: carried as a pending sum on the same axes, or zeroed on all shards but the first. The
+    strategy enumerator cannot tie an operand's pending sum to a factor's axes, and the local
+    bind adds the replicated operand on every shard, so it is not claimed;
+  * no linear groups: scatter-add is linear in (operand, updates) together and scatter-mul in
+    its operand, but a pending sum would run the scatter on shards, where a split indexed dim is
+    wrong (global indices into a local block). Splitting the indexed dim is kept instead.
 """
 
 from __future__ import annotations
@@ -75,6 +86,18 @@ def summable(dtype: Any) -> bool:
         return False
 
 
+def fill_sums_to_itself(t: EqnTypes) -> bool:
+    """A gather in fill mode fills out-of-range slices on every shard: a pending sum of the
+    operand stays exact only if the fill is 0 or NaN."""
+    if "FILL" not in str(t.params.get("mode", "")):
+        return True
+    fill = t.params.get("fill_value")
+    if fill is None:
+        return bool(np.issubdtype(np.dtype(t.out_dtypes[0]), np.inexact))
+    value = complex(fill)
+    return value == 0 or np.isnan(value)
+
+
 def gather(t: EqnTypes) -> FactorSignature:
     dn = t.params["dimension_numbers"]
     slice_sizes = tuple(int(s) for s in t.params["slice_sizes"])
@@ -86,7 +109,7 @@ def gather(t: EqnTypes) -> FactorSignature:
     indexed = set(dn.start_index_map)
     op_batch = tuple(dn.operand_batching_dims)
     idx_batch = tuple(dn.start_indices_batching_dims)
-    linear_ok = summable(t.out_dtypes[0])
+    linear_ok = summable(t.out_dtypes[0]) and fill_sums_to_itself(t)
     F = Factors()
 
     indices: list[DimFactors] = [F(f"b{j}", idx_shape[j]) for j in range(ivd)]
@@ -107,8 +130,6 @@ def gather(t: EqnTypes) -> FactorSignature:
             operand[d] = indices[idx_batch[op_batch.index(d)]]
         elif slice_sizes[d] == n:  # sliced whole (if indexed, the only start in range is 0)
             operand[d] = out[out_of[d]] = F(f"o{d}", n)
-        elif slice_sizes[d] == 1 and d in indexed and linear_ok:
-            operand[d] = F(f"v{d}", n, reduction=True)  # vocabulary-parallel lookup
         else:
             operand[d] = F(f"x{d}", n, need=True)
             if d in out_of:
@@ -127,7 +148,6 @@ def scatter(t: EqnTypes) -> FactorSignature:
     indexed = set(dn.scatter_dims_to_operand_dims)
     op_batch = tuple(dn.operand_batching_dims)
     idx_batch = tuple(dn.scatter_indices_batching_dims)
-    additive = t.name in ADDITIVE_SCATTERS and summable(t.out_dtypes[0])
     F = Factors()
 
     indices: list[DimFactors] = []
@@ -136,7 +156,7 @@ def scatter(t: EqnTypes) -> FactorSignature:
             d = op_batch[idx_batch.index(j)]
             indices.append(F(f"o{d}", idx_shape[j]))
         else:
-            indices.append(F(f"s{j}", idx_shape[j], reduction=additive, need=not additive))
+            indices.append(F(f"s{j}", idx_shape[j], need=True))
     indices.append(F("iv", idx_shape[ivd], need=True))
     updates: list[DimFactors] = [()] * len(upd_shape)
     scatter_upd = [u for u in range(len(upd_shape)) if u not in window_upd]
@@ -164,11 +184,5 @@ def scatter(t: EqnTypes) -> FactorSignature:
                 updates[u] = F(f"w{u}", upd_shape[u], need=True)
         else:  # an inserted window dim: one element wide
             operand.append(F(f"o{d}", n, need=d not in indexed))
-    if additive:
-        linear: tuple[tuple[int, ...], ...] = ((0, 2),)
-    elif t.name in ("scatter-mul", "scatter_mul") and summable(t.out_dtypes[0]):
-        linear = ((0,),)
-    else:
-        linear = ()
     return F.sig(t, [tuple(operand), tuple(indices), tuple(updates)], [tuple(operand)],
-                 linear=linear, flops=float(math.prod(upd_shape)))
+                 flops=float(math.prod(upd_shape)))

@@ -286,8 +286,11 @@ def reshape(t: EqnTypes) -> FactorSignature:
 
 
 def iota(t: EqnTypes) -> FactorSignature:
+    # the counted dimension stays whole: a shard would count from 0, not from its offset
     fac = _dims("d", len(t.out_shapes[0]))
-    return _sig(t, [() for _ in t.in_shapes], [tuple((f,) for f in fac)], flops=float(t.out_size))
+    counted = fac[int(t.params["dimension"])]
+    return _sig(t, [() for _ in t.in_shapes], [tuple((f,) for f in fac)], need_replication=frozenset({counted}),
+                flops=float(t.out_size))
 
 
 def _same_except(t: EqnTypes, fixed: set[int], operand_idx: list[int],

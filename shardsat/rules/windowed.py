@@ -15,13 +15,16 @@ in-feature I, out batch / feature):
     Depthwise-like convs (cg == 1) shard N, g and og (verified with XLA). Grouped convs with
     cg > 1 are kept replicated: XLA's SPMD partitioner all-gathers them whatever the sharding
     (even a batch-sharded one), so a sharded rule would promise what XLA does not do. Set
-    GROUPED_CONV_SHARDING to use the full rule (N, g, og shared; cg reduction);
+    GROUPED_CONV_SHARDING to shard N, g and og there too;
   * batch_group_count B > 1 (the kernel gradient of a grouped or depthwise conv): lhs batch =
     (bg, nb), out batch = nb, rhs O = out feature = (bg, ob). Only bg is sharded: XLA computes
     wrong numbers when C = I is sharded, and aborts or all-gathers when nb or ob is.
   * spatial dims need replication on all three tensors (kernel spatial dims too), except a
     trivial one (kernel size 1, stride 1, no padding, no lhs dilation) which lhs and out share.
-  Convolution is linear in each operand on its own.
+  Convolution is linear in each operand on its own; plain and replicated convs say so. Split
+  group counts are not linear groups: an equation with a pending sum runs on shards by
+  re-binding the primitive with its params unchanged (runtime/local.py), and a split group
+  factor would need feature_group_count / batch_group_count divided by its split.
 
 reduce_window_sum (linear), reduce_window_max / _min, reduce_window (generic: all operands alike,
 scalar init values), select_and_scatter_add (source, operand -> operand shape; linear in the
@@ -70,7 +73,7 @@ def conv_general_dilated(t: EqnTypes) -> FactorSignature:
         lhs[lhs_spec[0]] = out[out_spec[0]] = F("n", n_lhs, need=grouped)
         g = F("g", fgc, need=grouped)
         rhs[rhs_spec[0]] = out[out_spec[1]] = g + F("o", o_rhs // fgc, need=grouped)
-        c = F("c", i_rhs, reduction=not grouped, need=grouped)
+        c = F("c", i_rhs, reduction=fgc == 1, need=fgc > 1)
         lhs[lhs_spec[1]] = g + c
         rhs[rhs_spec[1]] = c
     kernel = 1
@@ -86,7 +89,11 @@ def conv_general_dilated(t: EqnTypes) -> FactorSignature:
             lhs[ld] = F(f"xh{i}", lhs_shape[ld], need=True)
             rhs[rd] = F(f"kh{i}", k, need=True)
             out[od] = F(f"yh{i}", out_shape[od], need=True)
-    return F.sig(t, [tuple(lhs), tuple(rhs)], [tuple(out)], linear=((0,), (1,)),
+    # A pending sum runs the conv on shards with the global group counts: exact only when no
+    # group factor can be split (plain or fully replicated convs).
+    exact_on_shards = (fgc == 1 and bgc == 1) or grouped
+    linear = ((0,), (1,)) if exact_on_shards and summable(t.out_dtypes[0]) else ()
+    return F.sig(t, [tuple(lhs), tuple(rhs)], [tuple(out)], linear=linear,
                  flops=2.0 * t.out_size * i_rhs * kernel)
 
 

@@ -45,6 +45,38 @@ class Step:
     dim2: int
 
 
+def _axis_index(ax: tuple[int, ...], axes: MeshAxes) -> Any:
+    """Linear index of this device over `ax` (major first), inside shard_map."""
+    idx = 0
+    for a in ax:
+        idx = idx * axes.sizes[a] + jax.lax.axis_index(axes.names[a])
+    return idx
+
+
+def apply_collective(v: Any, step: Step, axes: MeshAxes, cpu: bool = False) -> Any:
+    """One resharding step on a local shard, inside shard_map: the plan's collective written out."""
+    ax = tuple(axes.names[a] for a in step.axes)
+    n = math.prod(axes.sizes[a] for a in step.axes)
+    if step.kind == NodeKind.ALL_REDUCE:
+        return jax.lax.psum(v, ax)
+    if step.kind == NodeKind.REDUCE_SCATTER and cpu:
+        # XLA:CPU has no native reduce-scatter on minor dimensions (it becomes an all-to-all
+        # and a local sum); the all-reduce + slice form is what it emits under jit too.
+        v = jax.lax.psum(v, ax)
+        size = v.shape[step.dim] // n
+        return jax.lax.dynamic_slice_in_dim(v, _axis_index(step.axes, axes) * size, size, step.dim)
+    if step.kind == NodeKind.REDUCE_SCATTER:
+        return jax.lax.psum_scatter(v, ax, scatter_dimension=step.dim, tiled=True)
+    if step.kind == NodeKind.ALL_GATHER:
+        return jax.lax.all_gather(v, ax, axis=step.dim, tiled=True)
+    if step.kind == NodeKind.ALL_TO_ALL:
+        return jax.lax.all_to_all(v, ax, split_axis=step.dim2, concat_axis=step.dim, tiled=True)
+    if step.kind == NodeKind.DYN_SLICE:
+        size = v.shape[step.dim] // n
+        return jax.lax.dynamic_slice_in_dim(v, _axis_index(step.axes, axes) * size, size, step.dim)
+    raise ValueError(step.kind)
+
+
 def make_interpreter(
     program: Program,
     runs: list[EqnRun],
@@ -86,38 +118,11 @@ def make_interpreter(
     def restack(x: Any, lid: int) -> Any:
         return x[None] if layouts[lid].partial else x
 
-    def axis_index(ax: tuple[int, ...]) -> Any:
-        idx = 0
-        for a in ax:
-            idx = idx * axes.sizes[a] + jax.lax.axis_index(names[a])
-        return idx
-
     def collective(x: Any, step: Step, src: int, dst: int) -> Any:
         """A collective on a pending sum (or between stacked layouts), inside shard_map."""
-        ax = tuple(names[a] for a in step.axes)
 
         def body(v: Any) -> Any:
-            v = unstack(v, src)
-            if step.kind == NodeKind.ALL_REDUCE:
-                v = jax.lax.psum(v, ax)
-            elif step.kind == NodeKind.REDUCE_SCATTER and cpu:
-                # XLA:CPU has no native reduce-scatter (it would become an all-to-all and a
-                # local sum); the all-reduce + slice form is what it emits under jit too.
-                v = jax.lax.psum(v, ax)
-                n = math.prod(axes.sizes[a] for a in step.axes)
-                size = v.shape[step.dim] // n
-                v = jax.lax.dynamic_slice_in_dim(v, axis_index(step.axes) * size, size, step.dim)
-            elif step.kind == NodeKind.REDUCE_SCATTER:
-                v = jax.lax.psum_scatter(v, ax, scatter_dimension=step.dim, tiled=True)
-            elif step.kind == NodeKind.ALL_GATHER:
-                v = jax.lax.all_gather(v, ax, axis=step.dim, tiled=True)
-            elif step.kind == NodeKind.ALL_TO_ALL:
-                v = jax.lax.all_to_all(v, ax, split_axis=step.dim2, concat_axis=step.dim, tiled=True)
-            elif step.kind == NodeKind.DYN_SLICE:
-                n = math.prod(axes.sizes[a] for a in step.axes)
-                size = v.shape[step.dim] // n
-                v = jax.lax.dynamic_slice_in_dim(v, axis_index(step.axes) * size, size, step.dim)
-            return (restack(v, dst),)
+            return (restack(apply_collective(unstack(v, src), step, axes, cpu), dst),)
 
         return smap(body, [src], [dst])(x)[0]
 

@@ -1,0 +1,349 @@
+"""The command line: plan a function defined in a Python file without writing a driver script.
+
+    python -m shardsat plan path/to/model.py:fn --mesh data=2,model=4 [--profile h100]
+        [--json plan.json] [--html plan.html] [--fallback replicate] [--state-argnums 0]
+        [--devices cpu|default] [--plain]
+
+The file defines `fn` and `example_args()`, which returns the tuple of `fn`'s positional arguments
+(arrays or `jax.ShapeDtypeStruct`s). Planning needs only shapes, so by default it runs on simulated
+CPU devices: the CLI asks XLA for as many host devices as the mesh has before JAX creates its
+backends. Usage errors print one line and exit with 2; a planning failure prints shardsat's
+message and exits with 1.
+
+jax is imported lazily (inside functions) so that the device flags can still take effect when
+this module is the first to be imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from .runtime.plan import Plan
+
+EXIT_USAGE = 2
+EXIT_PLAN_FAILED = 1
+DEVICE_FLAG = "--xla_force_host_platform_device_count"
+DEFAULT_PROFILE = "h100"
+_MESH_ITEM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([0-9]+)\s*$")
+
+
+class UsageError(Exception):
+    """A mistake in the command line or the target file: reported in one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse prints usage plus a message; the CLI promises one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"shardsat: error: {message} (see `python -m shardsat {self._cmd()}--help`)\n")
+        raise SystemExit(EXIT_USAGE)
+
+    def _cmd(self) -> str:
+        return "plan " if self.prog.endswith(" plan") else ""
+
+
+# -- parsing ---------------------------------------------------------------------------------------
+def parse_mesh(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """'data=2,model=4' -> (('data', 'model'), (2, 4)); order is kept (it is the mesh's order)."""
+    names: list[str] = []
+    sizes: list[int] = []
+    for item in text.split(","):
+        m = _MESH_ITEM.match(item)
+        if m is None:
+            raise UsageError(
+                f"bad --mesh {text!r}: expected NAME=SIZE[,NAME=SIZE...], e.g. --mesh data=2,model=4"
+            )
+        name, size = m.group(1), int(m.group(2))
+        if size < 1:
+            raise UsageError(f"bad --mesh {text!r}: axis {name!r} has size {size}; sizes must be at least 1")
+        if name in names:
+            raise UsageError(f"bad --mesh {text!r}: axis {name!r} appears twice")
+        names.append(name)
+        sizes.append(size)
+    return tuple(names), tuple(sizes)
+
+
+def parse_state_argnums(text: str | None) -> str | tuple[int, ...] | None:
+    """'0' / '0,1' -> argument positions; 'auto' ties every argument that comes back."""
+    if text is None:
+        return None
+    if text.strip() == "auto":
+        return "auto"
+    try:
+        nums = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise UsageError(f"bad --state-argnums {text!r}: expected 'auto' or positions such as 0 or 0,1") from None
+    if not nums or any(n < 0 for n in nums):
+        raise UsageError(f"bad --state-argnums {text!r}: expected 'auto' or non-negative positions such as 0,1")
+    return nums
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m shardsat", description="Automatic sharding of JAX programs.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    p = sub.add_parser(
+        "plan",
+        help="plan how to shard a function defined in a Python file",
+        description="Plan FILE.py:FUNCTION over a device mesh and print the chosen shardings. "
+        "FILE.py must define example_args() returning a tuple of FUNCTION's positional arguments "
+        "(arrays or jax.ShapeDtypeStructs).",
+    )
+    p.add_argument("target", metavar="FILE.py:FUNCTION", help="the file and the function in it to plan")
+    p.add_argument("--mesh", required=True, metavar="NAME=SIZE,...",
+                   help="mesh axes in order, e.g. data=2,model=4")
+    p.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help=f"device profile preset the costs are predicted for (default {DEFAULT_PROFILE})")
+    p.add_argument("--json", type=Path, metavar="OUT.json", help="also write the plan as JSON")
+    p.add_argument("--html", type=Path, metavar="OUT.html", help="also write a self-contained HTML report")
+    p.add_argument("--fallback", choices=["replicate"],
+                   help="keep equations without a sharding rule replicated instead of failing")
+    p.add_argument("--state-argnums", metavar="I[,J...]|auto",
+                   help="positional arguments that are loop-carried state (returned with the same structure)")
+    p.add_argument("--example-args", default="example_args", metavar="NAME",
+                   help="the function in FILE.py returning the example arguments (default example_args)")
+    p.add_argument("--devices", choices=["cpu", "default"], default="cpu",
+                   help="plan on simulated CPU devices (default) or on the default JAX backend's devices")
+    p.add_argument("--plain", action="store_true", help="plain-text output even when `rich` is installed")
+    p.add_argument("--traceback", action="store_true", help="show tracebacks of errors raised by FILE.py")
+    return parser
+
+
+# -- devices ---------------------------------------------------------------------------------------
+def with_device_count(flags: str, n: int) -> str:
+    """XLA_FLAGS asking for at least `n` host devices (a larger count already there is kept)."""
+    m = re.search(rf"{DEVICE_FLAG}=(\d+)", flags)
+    if m is None:
+        return f"{flags} {DEVICE_FLAG}={n}".strip()
+    if int(m.group(1)) >= n:
+        return flags
+    return flags[: m.start()] + f"{DEVICE_FLAG}={n}" + flags[m.end():]
+
+
+def configure_devices(n: int, devices: str) -> None:
+    """Before JAX creates its backends: enough host devices, and (cpu) only the CPU platform.
+
+    Importing jax does not create backends, so this works even after `import shardsat`; JAX reads
+    JAX_PLATFORMS at import, hence the config update when it is already imported."""
+    os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), n)
+    if devices == "cpu":
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        if "jax" in sys.modules:
+            import jax
+
+            jax.config.update("jax_platforms", "cpu")
+
+
+def make_mesh(names: tuple[str, ...], sizes: tuple[int, ...], devices: str) -> Any:
+    import jax
+
+    n = 1
+    for s in sizes:
+        n *= s
+    have = jax.devices()
+    if len(have) < n:
+        hint = ("JAX's backends were created before the CLI could ask for more host devices"
+                if devices == "cpu" else "consider --devices cpu to plan on simulated CPU devices")
+        raise UsageError(
+            f"the mesh needs {n} devices but {have[0].platform} has {len(have)}; {hint}")
+    return jax.make_mesh(sizes, names, devices=have[:n])
+
+
+# -- the target file -------------------------------------------------------------------------------
+@dataclass
+class Target:
+    path: Path
+    name: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def _user_error(what: str, e: BaseException, show_traceback: bool) -> UsageError:
+    if show_traceback:
+        traceback.print_exception(e)
+    return UsageError(f"{what} raised {_first_line(e)}" + ("" if show_traceback else " (--traceback shows where)"))
+
+
+def load_target(spec: str, args_name: str = "example_args", show_traceback: bool = False) -> Target:
+    """Import FILE.py (its folder on sys.path, for sibling imports) and find FUNCTION and the
+    example arguments in it."""
+    file, sep, name = spec.rpartition(":")
+    if not sep or not file or not name:
+        raise UsageError(f"bad target {spec!r}: expected FILE.py:FUNCTION, e.g. examples/cli_mlp.py:mlp")
+    path = Path(file)
+    if not path.is_file():
+        raise UsageError(f"no such file: {file}")
+    module_name = "_shardsat_target_" + re.sub(r"\W", "_", path.stem)
+    mod_spec = importlib.util.spec_from_file_location(module_name, path)
+    if mod_spec is None or mod_spec.loader is None:
+        raise UsageError(f"cannot import {file}: not a Python source file")
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[module_name] = module
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        mod_spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise UsageError(f"cannot import {file}: SyntaxError at line {e.lineno}: {e.msg}") from None
+    except Exception as e:
+        raise _user_error(f"importing {file}", e, show_traceback) from None
+    obj: Any = module
+    for part in name.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            break
+    if not callable(obj):
+        found = sorted(k for k, v in vars(module).items()
+                       if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == module_name)
+        raise UsageError(f"{file} defines no function {name!r}" + (f" (it defines: {', '.join(found)})" if found else ""))
+    make_args = getattr(module, args_name, None)
+    if not callable(make_args):
+        raise UsageError(
+            f"{file} defines no {args_name}(); add one returning the tuple of {name}'s positional "
+            "arguments (arrays or jax.ShapeDtypeStruct)")
+    try:
+        args = make_args()
+    except Exception as e:
+        raise _user_error(f"{args_name}() in {file}", e, show_traceback) from None
+    if isinstance(args, list):
+        args = tuple(args)
+    if not isinstance(args, tuple):
+        raise UsageError(
+            f"{args_name}() in {file} returned {type(args).__name__}; it must return a tuple of "
+            f"{name}'s positional arguments, e.g. `return (params, x)` or `return (x,)`")
+    return Target(path, name, obj, args)
+
+
+# -- printing --------------------------------------------------------------------------------------
+def _rich_available() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def print_plan(plan: Plan, plain: bool = False) -> None:
+    """The inputs, outputs and collectives as tables: `rich` when importable, else plan.explain()."""
+    if plain or not _rich_available():
+        print(plan.explain())
+        return
+    print_rich(plan)
+
+
+def print_rich(plan: Plan) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    from .runtime.explain import fmt_bytes, fmt_s
+    from .runtime.jsonout import input_tensors, output_tensors
+
+    # piped output has no terminal width: wide lines beat truncated pytree paths
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    prog, axes, cost = plan.program, plan.axes, plan.cost
+    mesh = ", ".join(f"{n}={s}" for n, s in zip(axes.names, axes.sizes, strict=True))
+    console.print(f"[bold]Plan for `{escape(prog.name)}`[/bold] on mesh ({escape(mesh)}), "
+                  f"profile {escape(plan.profile.name)}")
+    for title, tensors in (("Inputs", input_tensors(plan)), ("Outputs", output_tensors(plan))):
+        table = Table(title=title, title_justify="left")
+        for col, just in (("path", "left"), ("type", "left"), ("PartitionSpec", "left"), ("per device", "right")):
+            table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+        for t in tensors:
+            # Text, not markup: pytree paths are full of square brackets
+            table.add_row(Text(t.path), Text(t.type_str()), Text(t.describe(axes)), fmt_bytes(t.bytes_per_device))
+        console.print(table)
+    if cost.collectives:
+        table = Table(title="Collectives", title_justify="left")
+        for col, just in (("kind", "left"), ("axes", "left"), ("buffer", "right"), ("time", "right"),
+                          ("tensor", "left"), ("layouts", "left")):
+            table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+        for c in cost.collectives:
+            table.add_row(c.kind, Text(",".join(c.axes)), fmt_bytes(c.bytes), fmt_s(c.seconds), Text(c.value),
+                          Text(f"{c.src} -> {c.dst}"))
+        console.print(table)
+    else:
+        console.print("Collectives: none")
+    if plan.report.fallbacks:
+        console.print(Text("Replicated by fallback (no sharding rule): " + "; ".join(plan.report.fallbacks)))
+    mem = cost.memory
+    console.print(
+        f"[bold]predicted step {fmt_s(cost.total_s)}[/bold] = compute {fmt_s(cost.compute_s)} + communication "
+        f"{fmt_s(cost.communication_s)}; {len(cost.collectives)} collectives; arguments "
+        f"{fmt_bytes(cost.argument_bytes)} per device"
+        + (f"; memory {fmt_bytes(mem.total)} per device" if mem is not None else ""))
+    console.print(Text(f"Search: {plan.report}"), soft_wrap=True)
+
+
+# -- main ------------------------------------------------------------------------------------------
+def run_plan(ns: argparse.Namespace) -> int:
+    names, sizes = parse_mesh(ns.mesh)
+    state_argnums = parse_state_argnums(ns.state_argnums)
+    from .extract.profile import PRESETS
+
+    if ns.profile.lower().replace("-", "_") not in PRESETS:
+        raise UsageError(f"unknown --profile {ns.profile!r}; presets: {', '.join(sorted(PRESETS))}")
+    n = 1
+    for s in sizes:
+        n *= s
+    configure_devices(n, ns.devices)
+    target = load_target(ns.target, ns.example_args, ns.traceback)
+    mesh = make_mesh(names, sizes, ns.devices)
+
+    from .api import saturate_and_extract
+    from .errors import InvalidArgumentError, InvalidMeshError, ShardsatError
+
+    try:
+        plan = saturate_and_extract(target.fn, mesh, *target.args, profile=ns.profile, fallback=ns.fallback,
+                                    state_argnums=state_argnums)
+    except (InvalidArgumentError, InvalidMeshError) as e:
+        raise UsageError(str(e).strip().splitlines()[0]) from None
+    except ShardsatError as e:
+        sys.stderr.write(f"shardsat: planning {ns.target} failed: {e}\n")
+        return EXIT_PLAN_FAILED
+    print_plan(plan, plain=ns.plain)
+    meta = {"target": ns.target}
+    try:
+        if ns.json is not None:
+            from .runtime.jsonout import write_json
+
+            write_json(plan, ns.json, **meta)
+            print(f"wrote {ns.json}")
+        if ns.html is not None:
+            from .runtime.html import write_html
+
+            write_html(plan, ns.html, **meta)
+            print(f"wrote {ns.html}")
+    except OSError as e:
+        raise UsageError(f"cannot write {e.filename}: {e.strerror}") from None
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return run_plan(ns)
+    except UsageError as e:
+        sys.stderr.write(f"shardsat: error: {e}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("shardsat: interrupted\n")
+        return 130

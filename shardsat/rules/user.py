@@ -1,0 +1,125 @@
+"""User sharding rules: factor signatures in the einsum-like syntax of
+`jax.experimental.custom_partitioning(sharding_rule=...)`, registered on the same path as the
+built-in ones.
+
+    rule = shardsat.register_signature(rms_norm_p, "b d, d -> b d", need_replication_factors=("d",))
+
+`(a b)` is one dimension made of two factors (a major); `1` a size-1 dimension. Factor sizes are
+read from the operands' shapes when the rule is applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidSignatureError
+from .primitives import EqnTypes
+from .registry import SIGNATURES, UNSUPPORTED
+from .signature import FactorSignature, TensorFactors, infer_sizes, parse_tensors
+
+
+@dataclass(frozen=True)
+class SignatureRule:
+    """A registered signature; `check_rule` (shardsat.testing) tests it numerically."""
+
+    primitive: Any  # the jax.extend Primitive (or its name)
+    name: str
+    spec: str
+    operands: tuple[TensorFactors, ...]
+    results: tuple[TensorFactors, ...]
+    reduction: frozenset[str] = frozenset()
+    need_replication: frozenset[str] = frozenset()
+    linear: tuple[tuple[int, ...], ...] = ()
+    flops_per_element: float = 1.0
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def factors(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for t in (*self.operands, *self.results):
+            for d in t:
+                for f in d:
+                    seen.setdefault(f, None)
+        return tuple(seen)
+
+    def signature(self, in_shapes: Sequence[tuple[int, ...]], out_shapes: Sequence[tuple[int, ...]]) -> FactorSignature:
+        """The factor signature for concrete shapes (validated; errors name this rule)."""
+        where = f"rule `{self.name}` ({self.spec!r})"
+        if len(in_shapes) != len(self.operands):
+            raise InvalidSignatureError(
+                f"{where} describes {len(self.operands)} operands but `{self.name}` was called with {len(in_shapes)}."
+            )
+        if len(out_shapes) != len(self.results):
+            raise InvalidSignatureError(
+                f"{where} describes {len(self.results)} results but `{self.name}` returns {len(out_shapes)}."
+            )
+        sizes = infer_sizes([*self.operands, *self.results], [*in_shapes, *out_shapes], self.name)
+        out_elems = 1
+        for s in out_shapes[:1]:
+            for n in s:
+                out_elems *= n
+        sig = FactorSignature(
+            self.operands, self.results, sizes, self.reduction, self.need_replication, self.linear,
+            flops=self.flops_per_element * out_elems * max(1, len(in_shapes)), name=self.name,
+        )
+        return sig.validate(in_shapes, out_shapes)
+
+    def builder(self, t: EqnTypes) -> FactorSignature:
+        return self.signature(t.in_shapes, t.out_shapes)
+
+
+def register_signature(
+    primitive: Any,
+    spec: str,
+    *,
+    reduction_factors: Sequence[str] = (),
+    need_replication_factors: Sequence[str] = (),
+    linear: Sequence[Sequence[int]] = (),
+    flops_per_element: float = 1.0,
+) -> SignatureRule:
+    """Teach shardsat how `primitive` shards, as a factor signature "ops -> results".
+
+    reduction_factors: factors the primitive sums over; sharding one leaves a pending partial sum
+      (only declare this for ops linear in the operands that carry the factor).
+    need_replication_factors: factors that may not be sharded (a normalisation over them, a
+      sort, a window).
+    linear: groups of operand positions through which a pending partial sum passes unchanged.
+    Raises InvalidSignatureError naming the rule if the spec is malformed.
+    """
+    name = getattr(primitive, "name", None) or str(primitive)
+    where = f"rule `{name}` ({spec!r})"
+    if "->" not in spec:
+        raise InvalidSignatureError(f"{where} needs '->' between operands and results.")
+    lhs, _, rhs = spec.partition("->")
+    operands = tuple(parse_tensors(lhs, name))
+    results = tuple(parse_tensors(rhs, name))
+    if not results:
+        raise InvalidSignatureError(f"{where} names no result.")
+    seen: set[str] = set()
+    for t in (*operands, *results):
+        for d in t:
+            for f in d:
+                seen.add(f)
+    for label, fs in (("reduction_factors", reduction_factors), ("need_replication_factors", need_replication_factors)):
+        unknown = sorted(set(fs) - seen)
+        if unknown:
+            raise InvalidSignatureError(f"{where}: {label} names unknown factor(s) {unknown}; the spec has {sorted(seen)}.")
+    in_results = {f for t in results for d in t for f in d}
+    bad = sorted(set(reduction_factors) & in_results)
+    if bad:
+        raise InvalidSignatureError(f"{where}: reduction factor(s) {bad} also appear in a result.")
+    for group in linear:
+        for i in group:
+            if not 0 <= int(i) < len(operands):
+                raise InvalidSignatureError(f"{where}: linear group {tuple(group)} names operand {i}; "
+                                            f"the spec has {len(operands)} operands.")
+    rule = SignatureRule(
+        primitive=primitive, name=name, spec=spec, operands=operands, results=results,
+        reduction=frozenset(reduction_factors), need_replication=frozenset(need_replication_factors),
+        linear=tuple(tuple(int(i) for i in g) for g in linear), flops_per_element=flops_per_element,
+    )
+    SIGNATURES[name] = rule.builder
+    UNSUPPORTED.pop(name, None)
+    return rule
