@@ -197,8 +197,10 @@ def load_target(spec: str, args_name: str = "example_args", show_traceback: bool
     try:
         mod_spec.loader.exec_module(module)
     except SyntaxError as e:
+        sys.modules.pop(module_name, None)
         raise UsageError(f"cannot import {file}: SyntaxError at line {e.lineno}: {e.msg}") from None
     except Exception as e:
+        sys.modules.pop(module_name, None)
         raise _user_error(f"importing {file}", e, show_traceback) from None
     obj: Any = module
     for part in name.split("."):
@@ -305,7 +307,7 @@ def run_plan(ns: argparse.Namespace) -> int:
     mesh = make_mesh(names, sizes, ns.devices)
 
     from .api import saturate_and_extract
-    from .errors import InvalidArgumentError, InvalidMeshError, ShardsatError
+    from .errors import InvalidArgumentError, InvalidMeshError, ShardsatError, UnsupportedPrimitiveError
 
     try:
         plan = saturate_and_extract(target.fn, mesh, *target.args, profile=ns.profile, fallback=ns.fallback,
@@ -313,7 +315,8 @@ def run_plan(ns: argparse.Namespace) -> int:
     except (InvalidArgumentError, InvalidMeshError) as e:
         raise UsageError(str(e).strip().splitlines()[0]) from None
     except ShardsatError as e:
-        sys.stderr.write(f"shardsat: planning {ns.target} failed: {e}\n")
+        hint = "\n(On the command line: --fallback replicate.)" if isinstance(e, UnsupportedPrimitiveError) else ""
+        sys.stderr.write(f"shardsat: planning {ns.target} failed: {e}{hint}\n")
         return EXIT_PLAN_FAILED
     print_plan(plan, plain=ns.plain)
     meta = {"target": ns.target}

@@ -22,6 +22,7 @@ def count_collectives(hlo_text: str) -> Counter[str]:
     shapes: dict[str, str] = {}
     users: dict[str, list[str]] = {}
     calls: dict[str, str] = {}
+    operand_count: dict[str, int] = {}
     comp_ops: dict[str, set[str]] = {}
     order: list[str] = []
     comp = ""
@@ -39,6 +40,7 @@ def count_collectives(hlo_text: str) -> Counter[str]:
         shapes[name] = shape.strip()
         comp_ops.setdefault(comp, set()).add(op)
         order.append(name)
+        operand_count[name] = rest.split(")")[0].count("%")
         called = re.search(r"calls=%?([\w.\-]+)", rest)
         if called:
             calls[name] = called.group(1)
@@ -55,7 +57,10 @@ def count_collectives(hlo_text: str) -> Counter[str]:
         if base in ("all-reduce", "all-gather", "reduce-scatter") and shapes[name].startswith("("):
             # XLA's combiners merge collectives into one tuple-shaped op: count each element
             elems = [u for u in users.get(name, []) if ops.get(u) == "get-tuple-element"]
-            for u in elems or [name]:
+            if not elems:  # e.g. the ROOT: one element per operand
+                counts[base] += max(1, operand_count[name])
+                continue
+            for u in elems:
                 if base == "all-reduce" and _feeds_slice(u, ops, users, calls, comp_ops):
                     counts["reduce-scatter"] += 1
                 else:

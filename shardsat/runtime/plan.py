@@ -107,9 +107,23 @@ def _explicit(x: Any) -> bool:
     return any(t == jax.sharding.AxisType.Explicit for t in types)
 
 
+def _needs_move(x: Any, want: Any) -> bool:
+    """Committed arrays in another layout than the plan's (jit would reject them), and arrays
+    whose Explicit mesh axes carry their sharding in their type."""
+    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+        return False
+    if _explicit(x):
+        return True
+    try:
+        return bool(x.committed) and not x.sharding.is_equivalent_to(want, x.ndim)
+    except Exception:  # pragma: no cover - unusual shardings: let jit decide
+        return False
+
+
 class PlannedFunction:
-    """`jax.jit` of the plan. Arrays committed to a mesh with Explicit axes carry their sharding in
-    their type, which the plan overrides: they are moved to the plan's layout first."""
+    """`jax.jit` of the plan. It takes what `jax.jit(fn)` takes: arrays committed to another
+    layout (or to a mesh with Explicit axes, whose type carries the sharding) are moved to the
+    plan's layout first."""
 
     def __init__(self, jitted: Any, in_shardings: tuple[Any, ...], donate_argnums: tuple[int, ...] = ()) -> None:
         self.jitted = jitted
@@ -118,12 +132,12 @@ class PlannedFunction:
 
     def _prepare(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         leaves, tree = jax.tree_util.tree_flatten(args)
-        if not any(_explicit(x) for x in leaves):
-            return args
         shardings = jax.tree_util.tree_leaves(self.in_shardings)
         if len(shardings) != len(leaves):
             return args
-        moved = [jax.device_put(x, s) if _explicit(x) else x for x, s in zip(leaves, shardings, strict=True)]
+        if not any(_needs_move(x, s) for x, s in zip(leaves, shardings, strict=True)):
+            return args
+        moved = [jax.device_put(x, s) if _needs_move(x, s) else x for x, s in zip(leaves, shardings, strict=True)]
         return jax.tree_util.tree_unflatten(tree, moved)
 
     def __call__(self, *args: Any) -> Any:
