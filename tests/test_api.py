@@ -167,3 +167,23 @@ def test_bad_arguments():
         shardsat.saturate_and_extract(jnp.sin, mesh24(), jnp.ones(8), fallback="skip")
     with pytest.raises(shardsat.ShardsatError, match="not an array"):
         shardsat.saturate_and_extract(lambda s: s, mesh24(), "text")
+
+
+def test_sharding_constraints_inside_the_function_are_pins():
+    mesh = mesh24(AxisType.Auto)
+
+    def f(w, x):
+        h = jax.lax.with_sharding_constraint(x @ w, NamedSharding(mesh, P("data", "model")))
+        return jnp.tanh(h).sum(0)
+
+    w, x = jnp.ones((64, 64)), jnp.ones((32, 64))
+    plan = shardsat.saturate_and_extract(f, mesh, w, x)
+    run = next(r for r in plan.runs if plan.program.equations[r.eqn].name == "sharding_constraint")
+    assert plan._layouts[run.outputs[0][1]].spec(plan.axes) == P("data", "model")
+    assert_equivalent(plan, f, w, x)
+
+    def g(w, x):
+        return jax.lax.with_sharding_constraint(x @ w, NamedSharding(mesh, P(("model", "data"))))
+
+    with pytest.raises(shardsat.ShardsatError, match="out of mesh order"):
+        shardsat.saturate_and_extract(g, mesh, w, x)

@@ -200,6 +200,34 @@ class SpaceTable:
         return hit
 
 
+def spec_to_layout(spec: PartitionSpec, shape: tuple[int, ...], axes: MeshAxes) -> tuple[Layout | None, str | None]:
+    """The layout a PartitionSpec names, or (None, why not)."""
+    if len(spec) > len(shape):
+        return None, f"spec has {len(spec)} entries for a rank-{len(shape)} array"
+    dims: list[tuple[int, ...]] = []
+    used: set[int] = set()
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    for d, entry in enumerate(entries):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        idx = []
+        for n in names:
+            if n not in axes.names:
+                return None, f"mesh has no axis {n!r} (axes: {axes.names})"
+            a = axes.names.index(n)
+            if a in used:
+                return None, f"axis {n!r} is used twice"
+            used.add(a)
+            if axes.sizes[a] > 1:
+                idx.append(a)
+        if idx != sorted(idx):
+            return None, f"dimension {d} lists axes {names} out of mesh order {axes.names}"
+        if shape[d] % axes.size(tuple(idx)):
+            return None, f"dimension {d} of size {shape[d]} does not divide over {names} ({axes.size(tuple(idx))} ways)"
+        dims.append(tuple(idx))
+    return Layout(tuple(dims), ()), None
+
+
+
 def auto_mesh(mesh: Mesh) -> Mesh:
     """The same devices and axes with Auto axis types: the runtime lowers through jit sharding
     constraints, which Explicit axes would turn into type errors."""

@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 from egglog import Ruleset
+from jax.sharding import PartitionSpec
 
-from ..egraph.layout import MeshAxes, Space, SpaceTable
+from ..egraph.layout import MeshAxes, Space, SpaceTable, spec_to_layout
 from ..egraph.program import Equation, Literal, Program
 from ..egraph.run import EGraphRun, SaturationReport
-from ..errors import InvalidSignatureError, UnsupportedPrimitiveError
+from ..errors import InvalidArgumentError, InvalidSignatureError, UnsupportedPrimitiveError
 from ..limits import Limits
 from . import generic
 from .primitives import EqnTypes, replicated
@@ -146,9 +147,38 @@ def signature_for(eqn: Equation, t: EqnTypes, fallback: str | None) -> tuple[Fac
     raise UnsupportedPrimitiveError(eqn.name, eqn.source, reason)
 
 
+CONSTRAINTS = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
+
+
+def _constraint_filter(eqn: Equation, info: KeyInfo, spaces: SpaceTable, problems: list[str]) -> None:
+    """A with_sharding_constraint / reshard inside the user's function is a hard pin: keep only
+    the strategies that give its result the constrained layout (unconstrained dims stay free)."""
+    sharding = eqn.params.get(CONSTRAINTS[eqn.name])
+    spec = getattr(sharding, "spec", sharding)
+    if spec is None:
+        return
+    shape = info.result_spaces[0].shape
+    free = set(eqn.params.get("unconstrained_dims") or ())
+    if free:
+        spec = PartitionSpec(*[None if d in free else e for d, e in enumerate(list(spec) + [None] * (len(shape) - len(spec)))])
+    want, why = spec_to_layout(spec, shape, spaces.mesh)
+    if want is None:
+        problems.append(f"  * with_sharding_constraint at {eqn.source}: shape {shape}, spec {spec}: {why}")
+        info.strategies = []
+        return
+
+    def ok(lid: int) -> bool:
+        lay = spaces.layouts[lid]
+        return not lay.partial and all(
+            d in free or lay.dims[d] == want.dims[d] for d in range(len(shape)))
+
+    info.strategies = [st for st in info.strategies if ok(st.outs[0])]
+
+
 def build_tables(prog: Program, spaces: SpaceTable, fallback: str | None) -> RuleTables:
     mesh: MeshAxes = spaces.mesh
     tables = RuleTables()
+    problems: list[str] = []
     value_space = [spaces.space(v.shape, v.dtype) for v in prog.values]
     for eqn in prog.equations:
         t = _eqn_types(prog, eqn)
@@ -160,11 +190,19 @@ def build_tables(prog: Program, spaces: SpaceTable, fallback: str | None) -> Rul
             res_spaces = tuple(value_space[o] for o in eqn.outputs)
             strategies = enumerate_strategies(sig, mesh, spaces, op_spaces, res_spaces)
             info = KeyInfo(key, eqn.index, sig, strategies, op_spaces, res_spaces, fell_back)
+            if eqn.name in CONSTRAINTS:
+                _constraint_filter(eqn, info, spaces, problems)
             tables.keys[key] = info
         if info.fallback:
             tables.fallbacks.append((eqn.index, eqn.name, eqn.source))
         for k, out in enumerate(eqn.outputs):
             tables.output_key[out] = f"{key}#{k}"
+    if problems:
+        names = ", ".join(f"{n}={s}" for n, s in zip(mesh.names, mesh.sizes, strict=True))
+        raise InvalidArgumentError(
+            f"Sharding constraints inside `{prog.name}` cannot hold on mesh ({names}):\n" + "\n".join(problems)
+            + "\nConsider specs whose axes divide the constrained dimensions, in mesh order."
+        )
     for sp in list(spaces.spaces):
         tables.edges[sp.id] = reshard_edges(sp, spaces)
     return tables

@@ -66,7 +66,7 @@ def _is_float(dtype: Any) -> bool:
 _ADDITIVE = {"add", "sub", "add_any"}
 _UNARY_LINEAR = {
     "neg", "copy", "copy_p", "real", "imag", "conj", "stop_gradient", "sharding_constraint",
-    "device_put", "reduce_precision_linear",
+    "device_put", "reduce_precision_linear", "reshard",
 }
 
 

@@ -42,6 +42,7 @@ SIGNATURES.update(
         "split": p.split,
         "clamp": p.clamp,
         "bitcast_convert_type": p.bitcast_convert_type,
+        "reshard": p.elementwise,  # a user's layout pin (rules/apply.py keeps its layout)
         # PRNG key plumbing and bit generation: every device draws the same (replicated) bits,
         # which consumers slice for free. Correct everywhere; sharded generation is future work.
         "random_bits": p.replicated,

@@ -24,6 +24,8 @@ from ..egraph.layout import Layout, MeshAxes
 from ..egraph.program import Literal, Program
 from .local import check_local, local_params
 
+PINS = frozenset({"sharding_constraint", "reshard"})
+
 
 @dataclass(frozen=True)
 class EqnRun:
@@ -164,7 +166,8 @@ def make_interpreter(
             if not pending:
                 operands = [a.value if isinstance(a, Literal) else view(a, lid)
                             for a, lid in zip(eqn.inputs, operand_lids, strict=True)]
-                outs = eqn.primitive.bind(*operands, **eqn.params)
+                # a user's own pin is replaced by the plan's constraint on the result
+                outs = operands[0] if eqn.name in PINS else eqn.primitive.bind(*operands, **eqn.params)
                 if not eqn.primitive.multiple_results:
                     outs = [outs]
                 for k, lid in run.outputs:
