@@ -106,7 +106,6 @@ def test_iterated_steps_match_unsharded(data8):
     # update differences. eps=1e-4 keeps the comparison about shardsat, not about Adam's noise.
     cfg = GPTConfig(layers=1, d_model=64, heads=4, mlp=128, vocab=256, seq=16, batch=8, embed="onehot")
     opt = optax.adamw(1e-3, eps=1e-4, weight_decay=0.01)
-    _, step = make_gpt_step(cfg)
 
     def train_step(state, batch):
         from models import gpt_loss

@@ -142,7 +142,7 @@ def _abstract(x: Any) -> jax.ShapeDtypeStruct:
 
 
 def _path_str(path: tuple[Any, ...]) -> str:
-    return jax.tree_util.keystr(path) or "<root>"
+    return jax.tree_util.keystr(path)
 
 
 def trace(fn: Callable[..., Any], args: Sequence[Any]) -> Program:
