@@ -23,6 +23,7 @@ from .extract.seeds import seeds
 from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
 from .pins import resolve_pins, resolve_ties
+from .progress import Progress
 from .rules.apply import grow
 from .runtime.plan import Plan, Report
 
@@ -42,6 +43,7 @@ def saturate_and_extract(
     state_argnums: Any = None,
     memory_limit: int | None = None,
     extraction: str = "auto",
+    progress: bool | None = None,
 ) -> Plan:
     """Plan how to shard `fn(*example_args)` over `mesh`.
 
@@ -65,6 +67,8 @@ def saturate_and_extract(
     extraction: "greedy" (DAG-aware greedy with exact local moves), "exact" (also the integer
       program, within the time limit; the report gives its optimality gap) or "auto" (the
       integer program on small e-graphs only).
+    progress: show a progress line for searches that run more than ~2 s (default: when stderr
+      is a terminal).
     """
     if not isinstance(mesh, Mesh):
         raise InvalidMeshError(
@@ -79,14 +83,17 @@ def saturate_and_extract(
     prof = get_profile(profile, platform)
     start = time.perf_counter()
     deadline = start + limits.seconds
+    shown = Progress(progress)
     program = trace(fn, example_args)
+    shown.update("traced", f"{len(program.equations)} equations")
     t_trace = time.perf_counter() - start
     spaces = SpaceTable(MeshAxes.from_mesh(mesh))
     arg_pins, out_pins = resolve_pins(program, spaces, in_shardings, out_shardings, program.name)
     tie_pairs = resolve_ties(program, state_argnums, program.name)
     run = EGraphRun(program, spaces)
     try:
-        tables, sat = grow(run, fallback=fallback, limits=limits, deadline=deadline, extra=rules)
+        tables, sat = grow(run, fallback=fallback, limits=limits, deadline=deadline, extra=rules,
+                           on_iteration=lambda it, nodes: shown.update("saturating", f"iteration {it}, {nodes:,} e-nodes"))
         graph = export(run.egraph)
     finally:
         run.close()
@@ -121,6 +128,7 @@ def saturate_and_extract(
                                state_args=frozenset(a for a, _ in tie_pairs),
                                donated_outputs=frozenset(k for _, k in tie_pairs))
 
+    shown.update("extracting", f"{graph.num_classes:,} e-classes, {graph.num_nodes:,} e-nodes")
     try:
         if method not in ("auto", "greedy", "exact"):
             raise InvalidArgumentError(f"extraction must be 'auto', 'greedy' or 'exact', got {method!r}.")
@@ -137,6 +145,8 @@ def saturate_and_extract(
             f"shardsat.Limits (now {limits})."
         ) from e
     t2 = time.perf_counter()
+    shown.update("done", f"{extraction.total_s * 1e6:,.1f} us predicted")
+    shown.close()
     stop = sat.stop_reason
     if time.perf_counter() > deadline and stop == StopReason.SATURATED:
         stop = StopReason.TIME_LIMIT

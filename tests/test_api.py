@@ -187,3 +187,21 @@ def test_sharding_constraints_inside_the_function_are_pins():
 
     with pytest.raises(shardsat.ShardsatError, match="out of mesh order"):
         shardsat.saturate_and_extract(g, mesh, w, x)
+
+
+def test_progress_lines_for_long_searches():
+    import io
+
+    from shardsat.progress import Progress
+
+    stream = io.StringIO()
+    p = Progress(True, after_s=0.0, stream=stream)
+    p.update("saturating", "iteration 3, 1,000 e-nodes")
+    p.close()
+    assert "iteration 3" in stream.getvalue()
+    quiet = io.StringIO()
+    q = Progress(True, after_s=60.0, stream=quiet)
+    q.update("saturating", "iteration 1")
+    assert quiet.getvalue() == ""
+    plan = shardsat.saturate_and_extract(jnp.sin, mesh24(), jnp.ones(8), progress=False)
+    assert plan.report.iterations > 0

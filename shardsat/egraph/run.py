@@ -143,7 +143,8 @@ class EGraphRun:
     def node_count(self) -> int:
         return sum(size for _, size in self.egraph.all_function_sizes())
 
-    def saturate(self, rulesets: Sequence[Ruleset], limits: Limits, deadline: float) -> SaturationReport:
+    def saturate(self, rulesets: Sequence[Ruleset], limits: Limits, deadline: float,
+                 on_iteration: Callable[[int, int], None] | None = None) -> SaturationReport:
         report = SaturationReport()
         start = time.perf_counter()
         combined = base_rules
@@ -157,6 +158,8 @@ class EGraphRun:
                 report.matches_per_rule[name] = report.matches_per_rule.get(name, 0) + k
             nodes = self.node_count()
             report.nodes_per_iteration.append(nodes)
+            if on_iteration is not None:
+                on_iteration(it + 1, nodes)
             if not run.updated:
                 report.stop_reason = StopReason.SATURATED
                 break

@@ -249,6 +249,7 @@ def grow(
     limits: Limits,
     deadline: float,
     extra: Sequence[Ruleset] = (),
+    on_iteration: Any = None,
 ) -> tuple[RuleTables, SaturationReport]:
     """Compute the rule tables of the program, load them, and saturate."""
     import time
@@ -258,6 +259,6 @@ def grow(
     run.load_program(lambda vid: tables.output_key[vid])
     load_tables(run, tables)
     load_s = time.perf_counter() - t0
-    report = run.saturate([generic.local_rules, generic.reshard_rules, *extra], limits, deadline)
+    report = run.saturate([generic.local_rules, generic.reshard_rules, *extra], limits, deadline, on_iteration)
     report.load_seconds = load_s
     return tables, report
