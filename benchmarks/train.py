@@ -29,8 +29,9 @@ from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-import shardsat  # noqa: E402
-from models import GPTConfig, gpt_batch, gpt_params, make_gpt_step  # noqa: E402
+from models import GPTConfig, gpt_batch, gpt_params, make_gpt_step
+
+import shardsat
 
 
 def sharded_spec(shape: tuple[int, ...], n: int) -> P:
