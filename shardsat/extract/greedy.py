@@ -347,7 +347,8 @@ class Extractor:
                 dirty.add(grp)
                 dirty.update(self._demands(choice[grp]))
                 dirty.update(self.parents[grp])
-        # 4. result
+        # 4. result, and for each value the cheapest plan that differs in its layout ("why this")
+        alternatives = {grp: alt for grp in choice if (alt := self._alternative(grp, choice, demand)) is not None}
         choices: dict[int, GroupChoice] = {}
         total = 0.0
         for grp, n in choice.items():
@@ -370,6 +371,7 @@ class Extractor:
             method="greedy-dag",
             seconds=time.perf_counter() - t0,
             sweeps=sweeps,
+            alternatives=alternatives,
         )
 
     # -- loop-carried state ----------------------------------------------------------------------
@@ -569,6 +571,38 @@ class Extractor:
     def _own(self, grp: int, n: int, targets: frozenset[int]) -> float:
         lay = int(self.g.class_layout[self.g.node_class[n]])
         return float(self.cost[n]) + self.steiner(grp, lay, targets)[0]
+
+    def _alternative(self, grp: int, choice: dict[int, int], demand: list[Counter[int]]) -> tuple[int, float] | None:
+        """(layout, extra seconds) of the best production of this value in another layout, the
+        rest of the plan fixed (operands' resharding priced exactly)."""
+        g = self.g
+        cur = choice[grp]
+        cur_lay = int(g.class_layout[g.node_class[cur]])
+        targets = frozenset(demand[grp])
+        base = self._own(grp, cur, targets)
+        cur_d = self._demands(cur)
+        best: tuple[int, float] | None = None
+        for n in self.prod[grp] if grp not in self.place_of else self.place_of[grp].values():
+            lay = int(g.class_layout[g.node_class[n]])
+            if lay == cur_lay:
+                continue
+            delta = self._own(grp, n, targets) - base
+            new_d = self._demands(n)
+            for h in cur_d.keys() | new_d.keys():
+                if h not in choice:
+                    delta = math.inf
+                    break
+                rest = demand[h].copy()
+                for lay_h in cur_d.get(h, ()):
+                    rest[lay_h] -= 1
+                after = frozenset(k for k, v in rest.items() if v > 0) | frozenset(new_d.get(h, ()))
+                if not after:
+                    delta = math.inf
+                    break
+                delta += self._own(h, choice[h], after) - self._own(h, choice[h], frozenset(demand[h]))
+            if math.isfinite(delta) and (best is None or delta < best[1]):
+                best = (lay, delta)
+        return best
 
     def _improve(self, grp: int, choice: dict[int, int], demand: list[Counter[int]]) -> bool:
         """Best single change of this value's production, priced exactly on the DAG: its own

@@ -49,9 +49,8 @@ import numpy as np
 from .primitives import EqnTypes, _sig
 from .signature import DimFactors, FactorSignature
 
-ADDITIVE_SCATTERS = ("scatter-add", "scatter_add", "scatter-sub", "scatter_sub")
-SCATTERS = (*ADDITIVE_SCATTERS, "scatter", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
-            "scatter-max", "scatter_max")
+SCATTERS = ("scatter", "scatter-add", "scatter_add", "scatter-sub", "scatter_sub", "scatter-mul", "scatter_mul",
+            "scatter-min", "scatter_min", "scatter-max", "scatter_max")
 
 
 class Factors:
@@ -106,7 +105,6 @@ def gather(t: EqnTypes) -> FactorSignature:
     ivd = len(idx_shape) - 1  # JAX's index vector dim is always the last one
     offset_dims = tuple(dn.offset_dims)
     collapsed = set(dn.collapsed_slice_dims)
-    indexed = set(dn.start_index_map)
     op_batch = tuple(dn.operand_batching_dims)
     idx_batch = tuple(dn.start_indices_batching_dims)
     linear_ok = summable(t.out_dtypes[0]) and fill_sums_to_itself(t)

@@ -55,12 +55,22 @@ def explain(plan: Plan) -> str:
         v = prog.values[vid]
         return f"{v.dtype}[{','.join(map(str, v.shape))}]"
 
+    alts = plan.extraction.alternatives
+
+    def why(vid: int) -> str:
+        grp = plan.graph.value_group.get(vid)
+        alt = alts.get(grp) if grp is not None else None
+        if alt is None:
+            return ""
+        return f"{plan._layouts[alt[0]].describe(axes)} {'+' if alt[1] >= 0 else ''}{fmt_s(alt[1])}"
+
     rows = []
     for pos, vid in enumerate(prog.args):
         lay = plan.layout_of(vid)
         spec = lay.describe(axes) if lay else "unused (replicated)"
-        rows.append([prog.arg_paths[pos], shape(vid), spec, fmt_bytes(cost.argument_bytes_by_path[prog.arg_paths[pos]])])
-    lines += _table(["argument", "type", "layout", "per device"], rows)
+        rows.append([prog.arg_paths[pos], shape(vid), spec, fmt_bytes(cost.argument_bytes_by_path[prog.arg_paths[pos]]),
+                     why(vid)])
+    lines += _table(["argument", "type", "layout", "per device", "next best (extra time)"], rows)
     lines += ["", "Outputs"]
     rows = []
     for k, (o, lid) in enumerate(zip(prog.outputs, plan.extraction.root_layouts, strict=True)):
@@ -75,8 +85,9 @@ def explain(plan: Plan) -> str:
         eqn = prog.equations[r.eqn]
         outs = ", ".join(plan._layouts[lid].describe(axes) for _, lid in r.outputs)
         ins = ", ".join(plan._layouts[lid].describe(axes) for lid in r.operand_layouts)
-        rows.append([eqn.name, eqn.source, ",".join(shape(eqn.outputs[k]) for k, _ in r.outputs), outs, ins])
-    lines += _table(["op", "source", "type", "result", "operands"], rows)
+        rows.append([eqn.name, eqn.source, ",".join(shape(eqn.outputs[k]) for k, _ in r.outputs), outs, ins,
+                     why(eqn.outputs[r.outputs[0][0]])])
+    lines += _table(["op", "source", "type", "result", "operands", "next best (extra time)"], rows)
     if len(plan.runs) > MAX_INTERMEDIATES:
         lines.append(f"  ... {len(plan.runs) - MAX_INTERMEDIATES} more equations")
     lines += ["", "Collectives"]
