@@ -368,6 +368,12 @@ def sort(t: EqnTypes) -> FactorSignature:
 
 
 def top_k(t: EqnTypes) -> FactorSignature:
+    # XLA's partitioner all-gathers a batch-split top_k on CPU: keep it replicated so the plan
+    # predicts what runs.
+    return replicated(t)
+
+
+def _top_k_batched(t: EqnTypes) -> FactorSignature:  # kept for when XLA partitions top_k locally
     rank = len(t.in_shapes[0])
     fac = _dims("d", rank)
     operand = (*tuple((f,) for f in fac[:-1]), ("kin",))
