@@ -131,3 +131,49 @@ def make_gpt_step(cfg: GPTConfig, learning_rate: float = 1e-3) -> tuple[Any, Any
         return (params, opt_state), loss
 
     return opt, step
+
+
+def stack_layers(params: dict[str, Any]) -> dict[str, Any]:
+    """The same parameters with `layers` stacked on a leading dimension, for `lax.scan`."""
+    out = dict(params)
+    out["layers"] = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *params["layers"])
+    return out
+
+
+def gpt_logits_scan(params: dict[str, Any], tokens: jax.Array, embed: str = "gather") -> jax.Array:
+    """gpt_logits with the layers run by `lax.scan` over stacked layer parameters."""
+    if embed == "gather":
+        x = jnp.take(params["embed"], tokens, axis=0)
+    else:
+        x = jax.nn.one_hot(tokens, params["embed"].shape[0], dtype=jnp.float32) @ params["embed"]
+    x = x + params["pos"][None, : tokens.shape[1]]
+
+    def layer(x: jax.Array, p: dict[str, Any]) -> tuple[jax.Array, None]:
+        x = x + attention(p, layer_norm(p["ln1"], x))
+        h = jax.nn.gelu(layer_norm(p["ln2"], x) @ p["w1"] + p["b1"])
+        return x + h @ p["w2"] + p["b2"], None
+
+    x, _ = jax.lax.scan(layer, x, params["layers"])
+    return layer_norm(params["ln_f"], x) @ params["unembed"]
+
+
+def gpt_loss_scan(params: dict[str, Any], batch: dict[str, jax.Array], embed: str = "gather") -> jax.Array:
+    logits = gpt_logits_scan(params, batch["tokens"], embed)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    labels = jax.nn.one_hot(batch["targets"], logits.shape[-1], dtype=logp.dtype)
+    return -(logp * labels).sum(-1).mean()
+
+
+def make_gpt_scan_step(cfg: GPTConfig, learning_rate: float = 1e-3) -> tuple[Any, Any]:
+    """Like make_gpt_step, for stacked parameters (see stack_layers) and a scanned forward."""
+    import optax
+
+    opt = optax.adamw(learning_rate, weight_decay=0.01)
+
+    def step(state: tuple[Any, Any], batch: dict[str, jax.Array]) -> tuple[tuple[Any, Any], jax.Array]:
+        params, opt_state = state
+        loss, grads = jax.value_and_grad(gpt_loss_scan)(params, batch, cfg.embed)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    return opt, step

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from egglog import Ruleset
 from jax.sharding import Mesh
 
@@ -100,7 +101,12 @@ def saturate_and_extract(
     t1 = time.perf_counter()
     model = CostModel(prof, spaces, tables)
     combinable = combinable_groups(program, graph)
-    node_cost = model.node_costs(graph, run.value_space, combinable)
+    # a scan body's values run once per iteration: weight their nodes by the iteration count
+    weight = np.ones(graph.num_groups)
+    for grp, vids in enumerate(graph.group_values):
+        if vids:
+            weight[grp] = max(program.region_multiplicity(program.values[v].region) for v in vids)
+    node_cost = model.node_costs(graph, run.value_space, combinable) * weight[graph.class_group[graph.node_class]]
     roots = []
     root_of: dict[int, int] = {}
     for k, o in enumerate(program.outputs):
@@ -108,18 +114,32 @@ def saturate_and_extract(
             continue
         root_of[k] = len(roots)
         roots.append((graph.value_group[o], None if k not in out_pins else frozenset({out_pins[k]})))
+    n_out_roots = len(roots)
+    tie_list = [(graph.value_group[program.args[a]], root_of[k]) for a, k in tie_pairs if k in root_of]
+    # scan carries: placed in one layout, which the body's carry-out and the initial carry meet
+    carry_root: dict[int, int] = {}
+    for scan in program.scans:
+        for k, cin in enumerate(scan.carry_in):
+            h = graph.value_group[cin]
+            for atom in (scan.carry_out[k], scan.init[k]):
+                if isinstance(atom, int) and atom in graph.value_group:
+                    carry_root.setdefault(cin, len(roots))
+                    tie_list.append((h, len(roots)))
+                    roots.append((graph.value_group[atom], None))
     problem = Problem(
         graph=graph, node_cost=node_cost, value_space=run.value_space, spaces=spaces, edges=tables.edges,
         model=model, combinable=combinable, describe=lambda grp: describe_group(program, graph, grp),
         roots=roots, place_pins={graph.value_group[program.args[pos]]: lay for pos, lay in arg_pins.items()},
-        ties=[(graph.value_group[program.args[a]], root_of[k]) for a, k in tie_pairs if k in root_of],
+        ties=tie_list,
+        weight=weight,
         # the search is local: training steps also start from data-parallel and ZeRO-3 state
         seeds=seeds(program, graph, spaces, tie_pairs, arg_pins),
     )
 
     def full_roots(ex: Extraction) -> Extraction:
-        if len(ex.root_layouts) != len(program.outputs):
-            it = iter(ex.root_layouts)
+        if len(ex.root_layouts) != len(program.outputs) or (carry_root and not ex.carry_layouts):
+            ex.carry_layouts = {cin: ex.root_layouts[r] for cin, r in carry_root.items()}
+            it = iter(ex.root_layouts[:n_out_roots])
             ex.root_layouts = [None if isinstance(o, Literal) else next(it) for o in program.outputs]
         return ex
 

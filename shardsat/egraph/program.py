@@ -62,6 +62,8 @@ class ValueInfo:
     output_index: int = 0
     arg: int | None = None  # flat argument position, for inputs
     const: int | None = None  # index into Program.consts, for closed-over constants
+    region: int | None = None  # the scan whose body defines this value (None: top level)
+    carry: tuple[int, int] | None = None  # (scan, k) for the body's k-th carry input
 
     @property
     def nbytes(self) -> int:
@@ -77,10 +79,39 @@ class Equation:
     outputs: tuple[int, ...]
     source: str
     scope: str = ""
+    region: int | None = None  # the scan whose body this equation is in
 
     @property
     def name(self) -> str:
         return self.primitive.name
+
+
+# Pseudo-primitives connecting a scan body to the program around it; never bound.
+SCAN_SLICE = jcore.Primitive("scan_slice")  # xs[i]: the iteration's slice of a scanned input
+SCAN_STACK = jcore.Primitive("scan_stack")  # ys: an iteration's output, stacked over iterations
+SCAN_FINAL = jcore.Primitive("scan_final")  # the carry after the last iteration
+SCAN_PSEUDO = frozenset({"scan_slice", "scan_stack", "scan_final"})
+
+
+@dataclass
+class ScanRegion:
+    """A `lax.scan`: its body is planned once (its values weighted by the iteration count) and its
+    carry keeps one layout from iteration to iteration, like loop-carried state."""
+
+    index: int
+    length: int
+    reverse: bool
+    parent: int | None
+    multiplicity: int  # body executions per program run (length times the parent's)
+    init: list[Atom]  # outer atoms: the initial carry
+    carry_in: list[int]  # body values: the carry entering an iteration
+    carry_out: list[Atom]  # body atoms: the carry leaving it
+    final: list[int]  # outer values: the carry after the last iteration (scan_final)
+    xs: list[Atom]  # outer atoms scanned over (leading dimension = iterations)
+    slices: list[int]  # body values xs[i] (scan_slice)
+    ys: list[Atom]  # body atoms stacked into outputs
+    stacked: list[int]  # outer values: the stacked ys (scan_stack)
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,6 +130,11 @@ class Program:
     out_paths: list[str]
     arg_counts: list[int] = field(default_factory=list)  # flat leaves per positional arg
     name: str = "fn"
+    scans: list[ScanRegion] = field(default_factory=list)
+    carries: list[int] = field(default_factory=list)  # carry-input values, placed like arguments
+
+    def region_multiplicity(self, region: int | None) -> int:
+        return 1 if region is None else self.scans[region].multiplicity
 
     def consumers(self) -> list[list[tuple[int, int]]]:
         """For each value: the (equation index, operand position) pairs that read it."""
@@ -174,6 +210,8 @@ def trace(fn: Callable[..., Any], args: Sequence[Any]) -> Program:
         out_paths=out_paths,
         arg_counts=arg_counts,
         name=getattr(fn, "__name__", "fn"),
+        scans=builder.scans,
+        carries=builder.carries,
     )
 
 
@@ -183,6 +221,8 @@ class _Builder:
         self.equations: list[Equation] = []
         self.consts: list[Any] = []
         self.const_ids: list[int] = []
+        self.scans: list[ScanRegion] = []
+        self.carries: list[int] = []
 
     def new_value(self, aval: Any, **kw: Any) -> int:
         vid = len(self.values)
@@ -200,9 +240,66 @@ class _Builder:
             return Literal(v.val, v.aval.dtype)
         return env[v]
 
-    def inline(self, jaxpr: jcore.Jaxpr, env: dict[Any, int]) -> list[Atom]:
+    def equation(self, prim: Any, params: dict[str, Any], ins: list[Atom], out_avals: list[Any], source: str,
+                 scope: str, region: int | None) -> list[int]:
+        idx = len(self.equations)
+        outs = [self.new_value(a, producer=idx, output_index=k, region=region) for k, a in enumerate(out_avals)]
+        self.equations.append(Equation(idx, prim, params, tuple(ins), tuple(outs), source, scope, region))
+        return outs
+
+    def scan(self, eqn: jcore.JaxprEqn, ins: list[Atom], env: dict[Any, int], region: int | None) -> None:
+        p = eqn.params
+        body: jcore.ClosedJaxpr = p["jaxpr"]
+        nc, ncar = int(p["num_consts"]), int(p["num_carry"])
+        s = len(self.scans)
+        parent_mult = 1 if region is None else self.scans[region].multiplicity
+        source = source_info_util.summarize(eqn.source_info)
+        scope = str(eqn.source_info.name_stack)
+        reg = ScanRegion(index=s, length=int(p["length"]), reverse=bool(p["reverse"]), parent=region,
+                         multiplicity=int(p["length"]) * parent_mult, init=[], carry_in=[], carry_out=[], final=[],
+                         xs=[], slices=[], ys=[], stacked=[],
+                         params={k: v for k, v in p.items() if k in ("length", "reverse", "unroll")})
+        self.scans.append(reg)
+        inner: dict[Any, int] = {}
+        for v, c in zip(body.jaxpr.constvars, body.consts, strict=True):
+            inner[v] = self.new_const(v.aval, c)
+        bvars = body.jaxpr.invars
+        for v, a in zip(bvars[:nc], ins[:nc], strict=True):
+            inner[v] = self._materialize_literal(a, v.aval) if isinstance(a, Literal) else a
+        for k, (v, a) in enumerate(zip(bvars[nc:nc + ncar], ins[nc:nc + ncar], strict=True)):
+            reg.init.append(self._materialize_literal(a, v.aval) if isinstance(a, Literal) else a)
+            vid = self.new_value(v.aval, region=s, carry=(s, k))
+            reg.carry_in.append(vid)
+            self.carries.append(vid)
+            inner[v] = vid
+        for v, a in zip(bvars[nc + ncar:], ins[nc + ncar:], strict=True):
+            x = self._materialize_literal(a, eqn.invars[bvars.index(v)].aval) if isinstance(a, Literal) else a
+            reg.xs.append(x)
+            (vid,) = self.equation(SCAN_SLICE, {"scan": s}, [x], [v.aval], source, scope, s)
+            reg.slices.append(vid)
+            inner[v] = vid
+        outs = self.inline(body.jaxpr, inner, s)
+        for k, o in enumerate(outs[:ncar]):
+            if isinstance(o, Literal):
+                o = self.new_const(body.jaxpr.outvars[k].aval, np.asarray(o.value, dtype=o.dtype))
+            reg.carry_out.append(o)
+            (fin,) = self.equation(SCAN_FINAL, {"scan": s}, [o], [eqn.outvars[k].aval], source, scope, region)
+            reg.final.append(fin)
+            env[eqn.outvars[k]] = fin
+        for y, ov in zip(outs[ncar:], eqn.outvars[ncar:], strict=True):
+            if isinstance(y, Literal):
+                y = self.new_const(body.jaxpr.outvars[ncar + len(reg.ys)].aval, np.asarray(y.value, dtype=y.dtype))
+            reg.ys.append(y)
+            (st,) = self.equation(SCAN_STACK, {"scan": s}, [y], [ov.aval], source, scope, region)
+            reg.stacked.append(st)
+            env[ov] = st
+
+    def inline(self, jaxpr: jcore.Jaxpr, env: dict[Any, int], region: int | None = None) -> list[Atom]:
         for eqn in jaxpr.eqns:
             ins = [self.atom(v, env) for v in eqn.invars]
+            if eqn.primitive.name == "scan":
+                self.scan(eqn, ins, env, region)
+                continue
             body = _call_body(eqn)
             if body is not None:
                 inner, consts = body
@@ -214,25 +311,14 @@ class _Builder:
                     if isinstance(a, Literal):
                         a = self._materialize_literal(a, v.aval)
                     inner_env[v] = a
-                outs = self.inline(inner, inner_env)
+                outs = self.inline(inner, inner_env, region)
                 for v, o in zip(eqn.outvars, outs, strict=True):
                     if isinstance(o, Literal):
                         o = self._materialize_literal(o, v.aval)
                     env[v] = o
                 continue
-            idx = len(self.equations)
-            out_ids = [self.new_value(v.aval, producer=idx, output_index=k) for k, v in enumerate(eqn.outvars)]
-            self.equations.append(
-                Equation(
-                    index=idx,
-                    primitive=eqn.primitive,
-                    params=dict(eqn.params),
-                    inputs=tuple(ins),
-                    outputs=tuple(out_ids),
-                    source=source_info_util.summarize(eqn.source_info),
-                    scope=str(eqn.source_info.name_stack),
-                )
-            )
+            out_ids = self.equation(eqn.primitive, dict(eqn.params), ins, [v.aval for v in eqn.outvars],
+                                    source_info_util.summarize(eqn.source_info), str(eqn.source_info.name_stack), region)
             for v, o in zip(eqn.outvars, out_ids, strict=True):
                 env[v] = o
         return [self.atom(v, env) for v in jaxpr.outvars]

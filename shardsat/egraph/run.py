@@ -121,6 +121,8 @@ class EGraphRun:
         prog = self.program
         args = [(vid, pos) for pos, vid in enumerate(prog.args)]
         args += [(vid, len(prog.args) + k) for k, vid in enumerate(prog.const_values)]
+        base = len(prog.args) + len(prog.const_values)
+        args += [(vid, base + k) for k, vid in enumerate(prog.carries)]  # scan carries: placed, tied
         ops, ins = [], []
         for eqn in prog.equations:
             operands = [a for a in eqn.inputs if not isinstance(a, Literal)]

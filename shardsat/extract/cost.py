@@ -31,6 +31,7 @@ from .profile import DeviceProfile
 FUSIBLE = frozenset(ELEMENTWISE) | {
     "broadcast_in_dim", "reshape", "transpose", "squeeze", "expand_dims", "iota", "slice", "pad",
     "concatenate", "rev", "dynamic_slice", "dynamic_update_slice", "split", "clamp", "bitcast_convert_type",
+    "scan_slice", "scan_final",  # a scan reads its iteration's slice of xs in place
 }
 
 
@@ -61,12 +62,17 @@ class CostModel:
         n_out = len(info.result_spaces)
         flops = info.signature.flops / st.split / n_out
         nbytes = 0.0
-        if info.signature.name not in FUSIBLE:
+        name = info.signature.name
+        if name == "scan_stack":  # each iteration writes its own slot: the operand's bytes
             ops = [sp for sp in info.operand_spaces if sp is not None]
-            for sp, lid in zip(ops, st.ins, strict=True):
-                nbytes += self.spaces.shard_bytes(sp, lid)
-            nbytes /= n_out
-        nbytes += self.spaces.shard_bytes(info.result_spaces[k], st.outs[k])
+            nbytes = float(self.spaces.shard_bytes(ops[0], st.ins[0]))
+        else:
+            if name not in FUSIBLE:
+                ops = [sp for sp in info.operand_spaces if sp is not None]
+                for sp, lid in zip(ops, st.ins, strict=True):
+                    nbytes += self.spaces.shard_bytes(sp, lid)
+                nbytes /= n_out
+            nbytes += self.spaces.shard_bytes(info.result_spaces[k], st.outs[k])
         p = self.profile
         seconds = max(flops / p.flops_per_s, nbytes / p.hbm_bytes_per_s)
         out = (seconds, flops, nbytes)

@@ -45,6 +45,7 @@ def solve_exact(
     ties: list[tuple[int, int]],
     partial_layouts: set[int],
     time_limit: float,
+    weight: np.ndarray | None = None,
 ) -> ExactResult:
     t0 = time.perf_counter()
     C, N = g.num_classes, g.num_nodes
@@ -174,8 +175,9 @@ def solve_exact(
     if getattr(res, "mip_gap", None) is not None:
         gap = float(res.mip_gap)
     chosen = {nodes[j] for j in range(nx) if x[j] > 0.5}
+    w = weight if weight is not None else np.ones(g.num_groups)
     ex = _to_extraction(g, chosen, node_cost, group_space, model, combinable, roots, ties, tie_vars, x, cidx,
-                        nx, partial_layouts)
+                        nx, partial_layouts, w)
     ex.seconds = seconds
     ex.method = "exact-ilp" + ("" if res.status == 0 else " (time limit)")
     status = "optimal" if res.status == 0 else str(res.message)
@@ -183,7 +185,7 @@ def solve_exact(
 
 
 def _to_extraction(g, chosen, node_cost, group_space, model, combinable, roots, ties, tie_vars, x, cidx, nx,
-                   partial_layouts) -> Extraction:
+                   partial_layouts, weight) -> Extraction:
     prod: dict[int, int] = {}
     steps: dict[int, list[ReshardStep]] = {}
     materialized: dict[int, set[int]] = {}
@@ -227,6 +229,6 @@ def _to_extraction(g, chosen, node_cost, group_space, model, combinable, roots, 
                 frontier.add(s.dst)
                 rest.remove(s)
         demanded = tuple(sorted(materialized.get(grp, {lay})))
-        choices[grp] = GroupChoice(grp, n, lay, demanded, order, float(node_cost[n]))
-        total += float(node_cost[n]) + sum(s.seconds for s in order)
+        choices[grp] = GroupChoice(grp, n, lay, demanded, order, float(node_cost[n]), weight=float(weight[grp]))
+        total += float(node_cost[n]) + float(weight[grp]) * sum(s.seconds for s in order)
     return Extraction(choices=choices, root_layouts=root_layouts, total_s=total, method="exact-ilp", seconds=0.0)

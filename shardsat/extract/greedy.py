@@ -88,8 +88,13 @@ class Extractor:
         model: CostModel,
         describe: Callable[[int], str] | None = None,
         combinable: frozenset[int] = frozenset(),
+        weight: np.ndarray | None = None,
     ) -> None:
+        """node_cost: seconds per e-node, already multiplied by its value's `weight` (how often it
+        runs per step: a scan body's values run once per iteration); resharding trees are
+        weighted here."""
         self.g = g
+        self.weight = weight if weight is not None else np.ones(g.num_groups)
         self.describe = describe or (lambda grp: f"value group {grp}")
         self.cost = node_cost
         self.spaces = spaces
@@ -235,6 +240,10 @@ class Extractor:
             self.place_of[h] = {int(g.node_b[n]): n for n in self.prod[h]
                                 if NodeKind(int(g.node_kind[n])) == NodeKind.PLACE}
         tied_root = {r: h for h, r in ties}
+        self.roots_of: dict[int, list[int]] = {}
+        for h, r in ties:
+            self.roots_of.setdefault(h, []).append(r)
+        forced: dict[int, int] = {}  # tied input group -> the layout its first root chose
         G = g.num_groups
         C = g.num_classes
         cls_layout = g.class_layout
@@ -262,7 +271,7 @@ class Extractor:
             finite = np.isfinite(prod_est)
             if not finite.any():
                 continue
-            reach = np.min(prod_est[finite][:, None] + sp.dist[finite], axis=0)
+            reach = np.min(prod_est[finite][:, None] + self.weight[grp] * sp.dist[finite], axis=0)
             for c in group_classes[grp]:
                 est[c] = reach[sp.index[int(cls_layout[c])]]
         # 2. top-down choice
@@ -271,12 +280,14 @@ class Extractor:
         for r, (grp, allowed) in enumerate(roots):
             best_c, best_v = -1, math.inf
             tied = self.place_of.get(tied_root[r]) if r in tied_root else None
-            if tied is not None and seed and tied_root[r] in seed:
-                lay = seed[tied_root[r]]
+            if tied is not None:
+                h = tied_root[r]
+                lay = forced.get(h, seed.get(h, -1) if seed else -1)
                 if lay in tied and (allowed is None or lay in allowed) and (grp, lay) in self._class_at:
                     demand[grp][lay] += 1
                     root_layouts.append(lay)
-                    self.prod[tied_root[r]] = [tied[lay]]
+                    self.prod[h] = [tied[lay]]
+                    forced[h] = lay
                     continue
             for c in group_classes[grp]:
                 lay = int(cls_layout[c])
@@ -298,6 +309,7 @@ class Extractor:
             if tied is not None:
                 h = tied_root[r]
                 self.prod[h] = [tied[int(cls_layout[best_c])]]
+                forced[h] = int(cls_layout[best_c])
         choice: dict[int, int] = {}
         for grp in reversed(self.order):
             if not demand[grp]:
@@ -308,7 +320,7 @@ class Extractor:
                 v = self.cost[n] + sum(est[c] / uses[int(cls_group[c])] for c in self.kids[n])
                 if v >= best_v:
                     continue
-                v += self.steiner(grp, int(cls_layout[g.node_class[n]]), targets)[0]
+                v += self.weight[grp] * self.steiner(grp, int(cls_layout[g.node_class[n]]), targets)[0]
                 if v < best_v:
                     best_n, best_v = n, v
             if best_n < 0:
@@ -338,10 +350,11 @@ class Extractor:
                     continue
                 if self._relabel_chain(chain, choice, demand):
                     changed.update(chain)
-            for h, r in ties:
-                o = roots[r][0]
-                if (h in dirty or o in dirty) and self._move_tie(h, r, o, roots[r][1], root_layouts, choice, demand):
-                    changed.update((h, o))
+            for h, rs in self.roots_of.items():
+                outs = {roots[r][0] for r in rs}
+                if (h in dirty or not dirty.isdisjoint(outs)) and self._move_tie(h, rs, roots, root_layouts, choice,
+                                                                                  demand):
+                    changed.update({h} | outs)
             dirty = set()
             for grp in changed:
                 dirty.add(grp)
@@ -362,8 +375,9 @@ class Extractor:
                 cc = self.model.collective(e.kind, e.axes, self.group_space[grp], e.src, e.dst, self.group_key[grp][1])
                 steps.append(ReshardStep(e.kind, e.src, e.dst, e.axes, e.dim, e.dim2, cc.seconds, cc.moved_bytes, cc.buffer_bytes))
             steps.sort(key=lambda s: (sp.dist[sp.index[lay], sp.index[s.src]], s.src, s.dst))
-            choices[grp] = GroupChoice(grp, n, lay, tuple(sorted(targets)), steps, float(self.cost[n]))
-            total += float(self.cost[n]) + st_cost
+            choices[grp] = GroupChoice(grp, n, lay, tuple(sorted(targets)), steps, float(self.cost[n]),
+                                       weight=float(self.weight[grp]))
+            total += float(self.cost[n]) + self.weight[grp] * st_cost
         return Extraction(
             choices=choices,
             root_layouts=list(root_layouts),
@@ -375,39 +389,42 @@ class Extractor:
         )
 
     # -- loop-carried state ----------------------------------------------------------------------
-    def _move_tie(self, h: int, r: int, o: int, allowed: frozenset[int] | None, root_layouts: list[int],
-                  choice: dict[int, int], demand: list[Counter[int]]) -> bool:
-        """Move a state leaf's layout (input placement and returned layout together) to the
-        layout that minimises the exact cost of both ends."""
-        if o not in choice:
+    def _move_tie(self, h: int, rs: list[int], roots: Sequence[tuple[int, frozenset[int] | None]],
+                  root_layouts: list[int], choice: dict[int, int], demand: list[Counter[int]]) -> bool:
+        """Move a state leaf's layout (input placement and every root tied to it together) to the
+        layout that minimises the exact cost of all of them."""
+        outs = [roots[r][0] for r in rs]
+        if any(o not in choice for o in outs):
             return False
-        cur = root_layouts[r]
-        touched = {o} | ({h} if h in choice else set())
+        cur = root_layouts[rs[0]]
+        touched = set(outs) | ({h} if h in choice else set())
         before = self._cost_of(touched, choice, demand)
         best, best_lay = before - EPS - 1e-9 * before, -1
         for lay, node in sorted(self.place_of[h].items()):
-            if lay == cur or (allowed is not None and lay not in allowed):
+            if lay == cur or any(roots[r][1] is not None and lay not in roots[r][1] for r in rs):
                 continue
-            if (o, lay) not in self._class_at:
+            if any((o, lay) not in self._class_at for o in outs):
                 continue
-            self._retie(h, r, o, lay, node, root_layouts, choice, demand)
+            self._retie(h, rs, roots, lay, node, root_layouts, choice, demand)
             after = self._cost_of(touched, choice, demand)
-            self._retie(h, r, o, cur, self.place_of[h][cur], root_layouts, choice, demand)
+            self._retie(h, rs, roots, cur, self.place_of[h][cur], root_layouts, choice, demand)
             if after < best:
                 best, best_lay = after, lay
         if best_lay < 0:
             return False
-        self._retie(h, r, o, best_lay, self.place_of[h][best_lay], root_layouts, choice, demand)
+        self._retie(h, rs, roots, best_lay, self.place_of[h][best_lay], root_layouts, choice, demand)
         return True
 
-    def _retie(self, h: int, r: int, o: int, lay: int, node: int, root_layouts: list[int],
-               choice: dict[int, int], demand: list[Counter[int]]) -> None:
-        old = root_layouts[r]
-        demand[o][old] -= 1
-        if demand[o][old] <= 0:
-            del demand[o][old]
-        demand[o][lay] += 1
-        root_layouts[r] = lay
+    def _retie(self, h: int, rs: list[int], roots: Sequence[tuple[int, frozenset[int] | None]], lay: int, node: int,
+               root_layouts: list[int], choice: dict[int, int], demand: list[Counter[int]]) -> None:
+        for r in rs:
+            o = roots[r][0]
+            old = root_layouts[r]
+            demand[o][old] -= 1
+            if demand[o][old] <= 0:
+                del demand[o][old]
+            demand[o][lay] += 1
+            root_layouts[r] = lay
         self.prod[h] = [node]
         if h in choice:
             choice[h] = node
@@ -508,7 +525,7 @@ class Extractor:
                         bv, bn = math.inf, -1
                         for lay, (val, pn) in best[i - 1].items():
                             t = frozenset(fixed[i - 1]) | frozenset(need)
-                            tot = val + (self.steiner(prev, lay, t)[0] if t else 0.0)
+                            tot = val + (self.weight[prev] * self.steiner(prev, lay, t)[0] if t else 0.0)
                             if tot < bv:
                                 bv, bn = tot, pn
                         w_memo[need] = (bv, bn)
@@ -526,7 +543,7 @@ class Extractor:
         bv, bn = math.inf, -1
         for lay, (val, n) in best[-1].items():
             t = frozenset(fixed[-1])
-            tot = val + (self.steiner(last, lay, t)[0] if t else 0.0)
+            tot = val + (self.weight[last] * self.steiner(last, lay, t)[0] if t else 0.0)
             if tot < bv:
                 bv, bn = tot, n
         new = [bn]
@@ -570,7 +587,7 @@ class Extractor:
 
     def _own(self, grp: int, n: int, targets: frozenset[int]) -> float:
         lay = int(self.g.class_layout[self.g.node_class[n]])
-        return float(self.cost[n]) + self.steiner(grp, lay, targets)[0]
+        return float(self.cost[n]) + self.weight[grp] * self.steiner(grp, lay, targets)[0]
 
     def _alternative(self, grp: int, choice: dict[int, int], demand: list[Counter[int]]) -> tuple[int, float] | None:
         """(layout, extra seconds) of the best production of this value in another layout, the

@@ -28,7 +28,8 @@ class GroupChoice:
     layout: int  # layout the production yields
     demanded: tuple[int, ...]  # layout ids needed by consumers and outputs
     steps: list[ReshardStep] = field(default_factory=list)
-    node_seconds: float = 0.0
+    node_seconds: float = 0.0  # the production's seconds per step (weighted)
+    weight: float = 1.0  # executions per step: a scan body's values run once per iteration
 
 
 @dataclass
@@ -43,4 +44,5 @@ class Extraction:
     notes: list[str] = field(default_factory=list)
     gap: float | None = None  # relative optimality gap when the exact solver ran (0: optimal)
     alternatives: dict[int, tuple[int, float]] = field(default_factory=dict)  # group -> (layout, extra s)
+    carry_layouts: dict[int, int] = field(default_factory=dict)  # scan carry-input value -> tied layout
     exact_status: str | None = None

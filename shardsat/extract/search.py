@@ -43,6 +43,7 @@ class Problem:
     place_pins: dict[int, int]
     ties: list[tuple[int, int]]
     seeds: list[dict[int, int]]
+    weight: np.ndarray  # per value group: executions per step (scan bodies: iterations)
 
 
 def _reprice(ex: Extraction, cost: np.ndarray) -> Extraction:
@@ -50,7 +51,7 @@ def _reprice(ex: Extraction, cost: np.ndarray) -> Extraction:
     total = 0.0
     for ch in ex.choices.values():
         ch.node_seconds = float(cost[ch.node])
-        total += ch.node_seconds + sum(s.seconds for s in ch.steps)
+        total += ch.node_seconds + ch.weight * sum(s.seconds for s in ch.steps)
     ex.total_s = total
     return ex
 
@@ -59,7 +60,7 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
     """The cheapest plan over the starting points (estimate, then each seed), then the exact
     integer program where it is small enough to pay ("auto") or always ("exact")."""
     ex = Extractor(p.graph, node_cost, p.value_space, p.spaces, p.edges, p.model,
-                   describe=p.describe, combinable=p.combinable)
+                   describe=p.describe, combinable=p.combinable, weight=p.weight)
     best = ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties)
     spent = best.seconds
     for seed in p.seeds:
@@ -76,7 +77,7 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
             group_space = [p.value_space[vs[0]] if vs else -1 for vs in p.graph.group_values]
             partial = {i for i, lay in enumerate(p.spaces.layouts.layouts) if lay.partial}
             res = solve_exact(p.graph, node_cost, group_space, p.model, p.combinable, p.roots, p.place_pins,
-                              p.ties, partial, limit)
+                              p.ties, partial, limit, weight=p.weight)
             spent += res.seconds
             if res.extraction is not None and res.extraction.total_s < best.total_s - 1e-12:
                 best = res.extraction
@@ -102,7 +103,8 @@ def node_bytes(p: Problem) -> np.ndarray:
         if kind == NodeKind.PLACE:
             out[n] = p.spaces.shard_bytes(sp, int(g.node_b[n]))
         elif kind == NodeKind.LOCAL:
-            out[n] = ACTIVATION_WEIGHT * p.spaces.shard_bytes(sp, int(g.class_layout[c]))
+            # a scan body's activation is live once, not once per iteration: undo its weight
+            out[n] = ACTIVATION_WEIGHT * p.spaces.shard_bytes(sp, int(g.class_layout[c])) / p.weight[int(g.class_group[c])]
     return out
 
 

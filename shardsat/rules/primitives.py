@@ -445,3 +445,22 @@ def replicated(t: EqnTypes) -> FactorSignature:
     sig = FactorSignature(tuple(operands), tuple(results), sizes, need_replication=frozenset(sizes),
                           name=f"{t.name} (replicated)")
     return sig.validate(t.in_shapes, t.out_shapes)
+
+
+# ---- scan plumbing (pseudo-primitives of egraph/program.py) ----------------------------------
+# Pending sums never cross a scan boundary: lax.scan moves arrays, not per-device parts.
+
+def scan_slice(t: EqnTypes) -> FactorSignature:
+    """xs[i]: the iteration dimension stays whole (each iteration reads its own slice)."""
+    fac = _dims("d", len(t.out_shapes[0]))
+    operand = (("it",), *((f,) for f in fac))
+    return _sig(t, [operand], [tuple((f,) for f in fac)], sizes={"it": t.in_shapes[0][0]},
+                need_replication=frozenset({"it"}))
+
+
+def scan_stack(t: EqnTypes) -> FactorSignature:
+    """ys: an iteration's output, written into its slot of the stacked result."""
+    fac = _dims("d", len(t.in_shapes[0]))
+    result = (("it",), *((f,) for f in fac))
+    return _sig(t, [tuple((f,) for f in fac)], [result], sizes={"it": t.out_shapes[0][0]},
+                need_replication=frozenset({"it"}))

@@ -43,6 +43,10 @@ SIGNATURES.update(
         "clamp": p.clamp,
         "bitcast_convert_type": p.bitcast_convert_type,
         "reshard": p.elementwise,  # a user's layout pin (rules/apply.py keeps its layout)
+        # lax.scan plumbing: the body is planned once, between these pseudo-equations
+        "scan_slice": p.scan_slice,
+        "scan_stack": p.scan_stack,
+        "scan_final": p.elementwise,
         # PRNG key plumbing and bit generation: every device draws the same (replicated) bits,
         # which consumers slice for free. Correct everywhere; sharded generation is future work.
         "random_bits": p.replicated,
@@ -70,7 +74,6 @@ SIGNATURES.update(
 UNSUPPORTED: dict[str, str] = {
     "while": "loops are not partitioned yet; its body would need a loop-invariant layout",
     "cond": "branches are not partitioned yet",
-    "scan": "scans are not partitioned yet; unroll the loop or use fallback='replicate'",
     "shard_map": "the function is already manually partitioned",
     "xla_pmap": "pmap is already manually partitioned",
     "custom_partitioning": "custom_partitioning rules are not read yet; register a signature",

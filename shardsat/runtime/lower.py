@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..egraph.export import NodeKind
 from ..egraph.layout import Layout, MeshAxes
-from ..egraph.program import Literal, Program
+from ..egraph.program import SCAN_PSEUDO, Literal, Program
 from .local import check_local, local_params
 
 PINS = frozenset({"sharding_constraint", "reshard"})
@@ -89,7 +89,9 @@ def make_interpreter(
     mesh: Mesh,
     root_layouts: list[int | None],
     canon: dict[int, int],  # value id -> the representative of its e-class (computed once)
+    carry_layouts: dict[int, int] | None = None,  # scan carry-input value -> its tied layout
 ) -> Callable[..., list[Any]]:
+    carry_layouts = carry_layouts or {}
     names = axes.names
     cpu = mesh.devices.flat[0].platform == "cpu"
 
@@ -128,55 +130,147 @@ def make_interpreter(
 
         return smap(body, [src], [dst])(x)[0]
 
-    def interpret(*flat_args: Any) -> list[Any]:
-        env: dict[int, Any] = {}
-        for vid, x in zip(program.args, flat_args, strict=True):
-            env[vid] = x
-        for vid in program.const_values:
-            info = program.values[vid]
-            x = program.consts[info.const]  # type: ignore[index]
-            env[vid] = constrain(x, produced[vid]) if vid in produced else x
-        views: dict[tuple[int, int], Any] = {}
+    by_region: dict[int | None, list[EqnRun]] = {}
+    for run in runs:
+        by_region.setdefault(program.equations[run.eqn].region, []).append(run)
+    run_of_output = {program.equations[r.eqn].outputs[k]: r for r in runs for k, _ in r.outputs}
 
-        def view(vid: int, lid: int) -> Any:
+    class Scope:
+        """Values of one region (the top level, or one iteration of a scan body) and their
+        resharded views; lookups of values from enclosing regions go to the parent scope."""
+
+        def __init__(self, region: int | None, parent_scope: Scope | None) -> None:
+            self.region = region
+            self.parent = parent_scope
+            self.env: dict[int, Any] = {}
+            self.views: dict[tuple[int, int], Any] = {}
+            self.hoisted: dict[tuple[int, int], Any] = {}
+
+        def owns(self, vid: int) -> bool:
+            return vid in self.env or self.parent is None
+
+        def view(self, vid: int, lid: int) -> Any:
             # Walk the plan's resharding tree one collective at a time, constraining every
             # intermediate layout, so XLA emits the plan's collectives and not its own guess.
             vid = canon.get(vid, vid)
+            if not self.owns(vid):
+                k = (vid, lid)
+                if k in self.hoisted:
+                    return self.hoisted[k]
+                return self.parent.view(vid, lid)  # type: ignore[union-attr]
             if produced.get(vid) == lid:
-                return env[vid]
+                return self.env[vid]
             k = (vid, lid)
-            if k not in views:
+            if k not in self.views:
                 step = parent.get(k)
                 if step is None:
-                    views[k] = constrain(env[vid], lid)
+                    self.views[k] = constrain(self.env[vid], lid)
                 else:
-                    base = view(vid, step.src)
+                    base = self.view(vid, step.src)
                     if layouts[step.src].partial or layouts[lid].partial:
-                        views[k] = collective(base, step, step.src, lid)
+                        self.views[k] = collective(base, step, step.src, lid)
                     else:
-                        views[k] = constrain(base, lid)
-            return views[k]
+                        self.views[k] = constrain(base, lid)
+            return self.views[k]
 
-        for run in runs:
-            eqn = program.equations[run.eqn]
-            lids = iter(run.operand_layouts)
-            operand_lids = [None if isinstance(a, Literal) else next(lids) for a in eqn.inputs]
-            pending = any(layouts[lid].partial for lid in operand_lids if lid is not None) or any(
-                layouts[lid].partial for _, lid in run.outputs)
-            if not pending:
-                operands = [a.value if isinstance(a, Literal) else view(a, lid)
-                            for a, lid in zip(eqn.inputs, operand_lids, strict=True)]
-                # a user's own pin is replaced by the plan's constraint on the result
-                outs = operands[0] if eqn.name in PINS else eqn.primitive.bind(*operands, **eqn.params)
-                if not eqn.primitive.multiple_results:
-                    outs = [outs]
-                for k, lid in run.outputs:
-                    env[canon.get(eqn.outputs[k], eqn.outputs[k])] = constrain(outs[k], lid)
-                continue
-            for vid, x in _run_on_shards(program, eqn, run, operand_lids, view, smap, unstack, restack,
-                                         local_shape).items():
-                env[canon.get(vid, vid)] = x
-        return [o.value if isinstance(o, Literal) else view(o, lid)  # type: ignore[arg-type]
+        def set(self, vid: int, x: Any) -> None:
+            self.env[canon.get(vid, vid)] = x
+
+        def execute(self) -> None:
+            started: set[int] = set()
+            for run in by_region.get(self.region, []):
+                eqn = program.equations[run.eqn]
+                if eqn.name in SCAN_PSEUDO:
+                    scan = eqn.params["scan"]
+                    if eqn.name == "scan_slice":
+                        continue  # fed by lax.scan itself
+                    if scan not in started:
+                        started.add(scan)
+                        self.run_scan(scan)
+                    continue
+                lids = iter(run.operand_layouts)
+                operand_lids = [None if isinstance(a, Literal) else next(lids) for a in eqn.inputs]
+                pending = any(layouts[lid].partial for lid in operand_lids if lid is not None) or any(
+                    layouts[lid].partial for _, lid in run.outputs)
+                if not pending:
+                    operands = [a.value if isinstance(a, Literal) else self.view(a, lid)
+                                for a, lid in zip(eqn.inputs, operand_lids, strict=True)]
+                    # a user's own pin is replaced by the plan's constraint on the result
+                    outs = operands[0] if eqn.name in PINS else eqn.primitive.bind(*operands, **eqn.params)
+                    if not eqn.primitive.multiple_results:
+                        outs = [outs]
+                    for k, lid in run.outputs:
+                        self.set(eqn.outputs[k], constrain(outs[k], lid))
+                    continue
+                for vid, x in _run_on_shards(program, eqn, run, operand_lids, self.view, smap, unstack, restack,
+                                             local_shape).items():
+                    self.set(vid, x)
+
+        def run_scan(self, s: int) -> None:
+            """lax.scan with the body run under the plan: carries in their tied layout."""
+            scan = program.scans[s]
+            carry_lids = [carry_layouts[c] for c in scan.carry_in]
+            init = [a.value if isinstance(a, Literal) else self.view(a, lid)
+                    for a, lid in zip(scan.init, carry_lids, strict=True)]
+            xs = []
+            for x, sl in zip(scan.xs, scan.slices, strict=True):
+                run = run_of_output.get(sl)
+                lid = run.operand_layouts[0] if run is not None else produced.get(x)
+                xs.append(self.view(x, lid) if lid is not None else self.view(x, produced[canon.get(x, x)]))
+            body_runs = by_region.get(s, [])
+            outer = self
+
+            # views of enclosing values the body reads are taken once, outside the loop
+            hoisted: dict[tuple[int, int], Any] = {}
+            body_values = {v.id for v in program.values if _inside(program, v.region, s)}
+            for run in body_runs:
+                eqn = program.equations[run.eqn]
+                if eqn.name == "scan_slice":
+                    continue
+                lids = iter(run.operand_layouts)
+                for a in eqn.inputs:
+                    if isinstance(a, Literal):
+                        continue
+                    lid = next(lids)
+                    if a not in body_values:
+                        hoisted[(canon.get(a, a), lid)] = outer.view(a, lid)
+
+            stack_lids = []
+            for st in scan.stacked:
+                run = run_of_output.get(st)
+                stack_lids.append(run.operand_layouts[0] if run is not None else None)
+
+            def body(carry: Any, xslices: Any) -> Any:
+                scope = Scope(s, outer)
+                scope.hoisted = hoisted
+                for vid, x, lid in zip(scan.carry_in, carry, carry_lids, strict=True):
+                    scope.env[canon.get(vid, vid)] = x if produced.get(vid, lid) == lid else constrain(x, produced[vid])
+                for vid, x in zip(scan.slices, xslices, strict=True):
+                    scope.env[canon.get(vid, vid)] = constrain(x, produced[vid]) if vid in produced else x
+                scope.execute()
+                new_carry = [a.value if isinstance(a, Literal) else scope.view(a, lid)
+                             for a, lid in zip(scan.carry_out, carry_lids, strict=True)]
+                ys = [a.value if isinstance(a, Literal) else (scope.view(a, lid) if lid is not None else
+                                                              scope.view(a, produced[canon.get(a, a)]))
+                      for a, lid in zip(scan.ys, stack_lids, strict=True)]
+                return new_carry, ys
+
+            final, stacked = jax.lax.scan(body, init, xs, length=scan.length, reverse=scan.reverse)
+            for vid, x in zip(scan.final, final, strict=True):
+                self.set(vid, constrain(x, produced[vid]) if vid in produced else x)
+            for vid, x in zip(scan.stacked, stacked, strict=True):
+                self.set(vid, constrain(x, produced[vid]) if vid in produced else x)
+
+    def interpret(*flat_args: Any) -> list[Any]:
+        top = Scope(None, None)
+        for vid, x in zip(program.args, flat_args, strict=True):
+            top.env[vid] = x
+        for vid in program.const_values:
+            info = program.values[vid]
+            x = program.consts[info.const]  # type: ignore[index]
+            top.env[vid] = constrain(x, produced[vid]) if vid in produced else x
+        top.execute()
+        return [o.value if isinstance(o, Literal) else top.view(o, lid)  # type: ignore[arg-type]
                 for o, lid in zip(program.outputs, root_layouts, strict=True)]
 
     return interpret
@@ -219,3 +313,12 @@ def _run_on_shards(program: Program, eqn: Any, run: EqnRun, operand_lids: list[i
 
     results = smap(body, in_lids, out_lids)(*arrays)
     return {eqn.outputs[k]: r for k, r in zip(out_idx, results, strict=True)}
+
+
+def _inside(program: Program, region: int | None, s: int) -> bool:
+    """Is `region` the scan `s` or nested in it?"""
+    while region is not None:
+        if region == s:
+            return True
+        region = program.scans[region].parent
+    return False

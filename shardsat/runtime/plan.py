@@ -47,6 +47,7 @@ class Collective:
     src: str  # layout before, as a PartitionSpec
     dst: str  # layout after
     reason: str  # which consumer needed it
+    count: int = 1  # times per step (inside a scan body: once per iteration)
 
 
 @dataclass
@@ -204,8 +205,9 @@ class Plan:
         # values the e-graph proved equal (identical equations) are computed once
         self.canon: dict[int, int] = {}
         for vids in g.group_values:
-            for v in vids:
-                self.canon[v] = vids[0]
+            first: dict[int | None, int] = {}
+            for v in vids:  # only within one region: a scan body recomputes per iteration
+                self.canon[v] = first.setdefault(prog.values[v].region, v)
         runs: list[EqnRun] = []
         done: set[int] = set()
         for eqn in prog.equations:
@@ -266,7 +268,7 @@ class Plan:
             return self._jitted
         interp = make_interpreter(
             self.program, self.runs, self.produced, self.parent, self._layouts, self.axes, self.runtime_mesh,
-            self.extraction.root_layouts, self.canon,
+            self.extraction.root_layouts, self.canon, self.extraction.carry_layouts,
         )
         prog = self.program
 
@@ -350,9 +352,9 @@ class Plan:
                     leads.setdefault(s.src, set()).add(t)
             for s in ch.steps:
                 if s.kind == NodeKind.DYN_SLICE:
-                    compute += s.seconds
+                    compute += s.seconds * ch.weight
                     continue
-                comm += s.seconds
+                comm += s.seconds * ch.weight
                 needs = sorted({c for t in leads.get(s.dst, ()) if t in ch.demanded
                                 for c in consumers.get((grp, t), [])})
                 reason = "for " + "; ".join(needs[:3]) + (f" (+{len(needs) - 3} more)" if len(needs) > 3 else "") if needs else ""
@@ -366,6 +368,7 @@ class Plan:
                     src=self._layouts[s.src].describe(self.axes),
                     dst=self._layouts[s.dst].describe(self.axes),
                     reason=reason,
+                    count=int(ch.weight),
                 ))
         arg_bytes = 0
         by_path: dict[str, int] = {}
