@@ -13,7 +13,7 @@ from helpers import assert_equivalent, assert_hlo_matches
 import shardsat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from models import GPTConfig, gpt_batch, gpt_params, make_gpt_scan_step, stack_layers  # noqa: E402
+from models import GPTConfig, gpt_batch, gpt_params, make_gpt_scan_step, stack_layers
 
 
 def layer(x, w):
