@@ -11,6 +11,7 @@ from egglog import Ruleset
 from jax.sharding import Mesh
 
 from .egraph.export import export
+from .egraph.fold import fold
 from .egraph.layout import MeshAxes, SpaceTable
 from .egraph.program import Literal, trace
 from .egraph.run import EGraphRun
@@ -29,6 +30,9 @@ from .rules.apply import grow
 from .runtime.plan import Plan, Report
 
 FALLBACKS = (None, "replicate")
+# Folding trades a little plan freedom (every repeat takes the same layouts, stacked weights are
+# copied per step) for planning time independent of depth: worth it for deep programs only.
+FOLD_AUTO_EQUATIONS = 3000
 
 
 def saturate_and_extract(
@@ -45,6 +49,7 @@ def saturate_and_extract(
     memory_limit: int | None = None,
     extraction: str = "auto",
     progress: bool | None = None,
+    fold_loops: bool | None = None,
 ) -> Plan:
     """Plan how to shard `fn(*example_args)` over `mesh`.
 
@@ -70,6 +75,9 @@ def saturate_and_extract(
       integer program on small e-graphs only).
     progress: show a progress line for searches that run more than ~2 s (default: when stderr
       is a terminal).
+    fold_loops: plan the repeats of an unrolled loop (identical layers) once, as a scan, and run
+      them as one (see egraph/fold.py); False plans and runs every repeat separately; None (the
+      default) folds programs of FOLD_AUTO_EQUATIONS equations or more.
     """
     if not isinstance(mesh, Mesh):
         raise InvalidMeshError(
@@ -86,6 +94,8 @@ def saturate_and_extract(
     deadline = start + limits.seconds
     shown = Progress(progress)
     program = trace(fn, example_args)
+    if fold_loops or (fold_loops is None and len(program.equations) >= FOLD_AUTO_EQUATIONS):
+        program = fold(program)
     shown.update("traced", f"{len(program.equations)} equations")
     t_trace = time.perf_counter() - start
     spaces = SpaceTable(MeshAxes.from_mesh(mesh))
@@ -96,6 +106,8 @@ def saturate_and_extract(
         tables, sat = grow(run, fallback=fallback, limits=limits, deadline=deadline, extra=rules,
                            on_iteration=lambda it, nodes: shown.update("saturating", f"iteration {it}, {nodes:,} e-nodes"))
         graph = export(run.egraph)
+        for a in program.aliases:  # folded loop members take their representative's value group
+            graph.value_group[a] = graph.value_group[program.alias(a)]
     finally:
         run.close()
     t1 = time.perf_counter()

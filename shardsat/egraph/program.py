@@ -132,6 +132,13 @@ class Program:
     name: str = "fn"
     scans: list[ScanRegion] = field(default_factory=list)
     carries: list[int] = field(default_factory=list)  # carry-input values, placed like arguments
+    aliases: dict[int, int] = field(default_factory=dict)  # value -> the value whose layout it shares
+
+    def alias(self, vid: int) -> int:
+        """The representative of a folded value (itself if not an alias)."""
+        while vid in self.aliases:
+            vid = self.aliases[vid]
+        return vid
 
     def region_multiplicity(self, region: int | None) -> int:
         return 1 if region is None else self.scans[region].multiplicity

@@ -18,6 +18,7 @@ from egglog import EGraph, Ruleset, String, i64, rewrite, rule, ruleset, set_, u
 
 from ..errors import InvalidArgumentError
 from ..limits import Limits, StopReason
+from .fold import planned_inputs
 from .layout import SpaceTable
 from .program import Literal, Program
 from .schema import (
@@ -119,14 +120,19 @@ class EGraphRun:
         """Register the program's values and equations. `key_of(value id)` names the equation
         output that defines a non-input value (the rules stage computes keys)."""
         prog = self.program
-        args = [(vid, pos) for pos, vid in enumerate(prog.args)]
+        args = [(vid, pos) for pos, vid in enumerate(prog.args) if vid not in prog.aliases]
         args += [(vid, len(prog.args) + k) for k, vid in enumerate(prog.const_values)]
         base = len(prog.args) + len(prog.const_values)
         args += [(vid, base + k) for k, vid in enumerate(prog.carries)]  # scan carries: placed, tied
         ops, ins = [], []
         for eqn in prog.equations:
-            operands = [a for a in eqn.inputs if not isinstance(a, Literal)]
+            # a folded stack's members share their first one's layout: the e-graph sees only it,
+            # and values that alias another (folded loop members) are not registered at all
+            inputs = planned_inputs(eqn)
+            operands = [prog.alias(a) for a in inputs if not isinstance(a, Literal)]
             for out in eqn.outputs:
+                if out in prog.aliases:
+                    continue
                 key = key_of(out)
                 self.keys[out] = key
                 ops.append((out, key, len(operands)))

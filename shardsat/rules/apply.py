@@ -7,9 +7,6 @@ hash-cons into one e-class.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +15,8 @@ import numpy as np
 from egglog import Ruleset
 from jax.sharding import PartitionSpec
 
+from ..egraph.fold import planned_inputs
+from ..egraph.keys import equation_key
 from ..egraph.layout import MeshAxes, Space, SpaceTable, spec_to_layout
 from ..egraph.program import Equation, Literal, Program
 from ..egraph.run import EGraphRun, SaturationReport
@@ -56,41 +55,9 @@ class RuleTables:
         return self.keys[base], int(idx)
 
 
-def _canon(x: Any) -> str | None:
-    """A deterministic text for simple params; None where equality cannot be trusted."""
-    if x is None or isinstance(x, bool | int | float | complex | str):
-        return repr(x)
-    if isinstance(x, enum.Enum):
-        return f"{type(x).__name__}.{x.name}"
-    if isinstance(x, np.dtype | type) or type(x).__name__ in ("dtype", "DType"):
-        return str(x)
-    if isinstance(x, tuple | list):
-        parts = [_canon(v) for v in x]
-        return None if any(p is None for p in parts) else "(" + ",".join(parts) + ")"  # type: ignore[arg-type]
-    if isinstance(x, frozenset | set):
-        parts = sorted(_canon(v) or "?" for v in x)
-        return "{" + ",".join(parts) + "}"
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return _canon(tuple((f.name, getattr(x, f.name)) for f in dataclasses.fields(x)))
-    if isinstance(x, np.ndarray) and x.size <= 16:
-        return repr(x.tolist()) + str(x.dtype)
-    if isinstance(x, np.generic):
-        return repr(x.item()) + str(x.dtype)
-    try:
-        import jax
-
-        if isinstance(x, jax.sharding.PartitionSpec | jax.sharding.NamedSharding):
-            return str(x)
-        if hasattr(x, "dtype") and hasattr(x, "shape") and np.size(x) <= 16:
-            return repr(np.asarray(x).tolist()) + str(x.dtype)
-    except Exception:  # pragma: no cover - defensive
-        return None
-    return None
-
-
 def _eqn_types(prog: Program, eqn: Equation) -> EqnTypes:
     in_shapes, in_dtypes, lits, litv = [], [], [], []
-    for a in eqn.inputs:
+    for a in planned_inputs(eqn):
         if isinstance(a, Literal):
             in_shapes.append(tuple(np.shape(a.value)))
             in_dtypes.append(a.dtype)
@@ -114,24 +81,8 @@ def _eqn_types(prog: Program, eqn: Equation) -> EqnTypes:
     )
 
 
-def _content_key(eqn: Equation, t: EqnTypes) -> str:
-    parts = [eqn.name]
-    unique = False
-    for k in sorted(eqn.params):
-        c = _canon(eqn.params[k])
-        if c is None:
-            unique = True
-            c = "?"
-        parts.append(f"{k}={c}")
-    parts.append(repr([(s, str(d)) for s, d in zip(t.in_shapes, t.in_dtypes, strict=True)]))
-    parts.append(repr([(s, str(d)) for s, d in zip(t.out_shapes, t.out_dtypes, strict=True)]))
-    parts.append(repr([(i, _canon(v), str(d)) for i, (lit, v, d) in enumerate(
-        zip(t.literal, t.literal_values, t.in_dtypes, strict=True)) if lit]))
-    if unique:  # params we cannot compare: never merge this equation with another
-        parts.append(f"@{eqn.index}")
-    digest = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
-    name = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in eqn.name)
-    return f"{name}:{digest}"
+def _content_key(eqn: Equation, t: EqnTypes, prog: Program | None = None) -> str:
+    return equation_key(eqn, t.in_shapes, t.in_dtypes, t.out_shapes, t.out_dtypes, t.literal, t.literal_values)
 
 
 def signature_for(eqn: Equation, t: EqnTypes, fallback: str | None) -> tuple[FactorSignature, bool]:
@@ -186,7 +137,7 @@ def build_tables(prog: Program, spaces: SpaceTable, fallback: str | None) -> Rul
         info = tables.keys.get(key)
         if info is None:
             sig, fell_back = signature_for(eqn, t, fallback)
-            op_spaces = tuple(None if isinstance(a, Literal) else value_space[a] for a in eqn.inputs)
+            op_spaces = tuple(None if isinstance(a, Literal) else value_space[a] for a in planned_inputs(eqn))
             res_spaces = tuple(value_space[o] for o in eqn.outputs)
             strategies = enumerate_strategies(sig, mesh, spaces, op_spaces, res_spaces)
             info = KeyInfo(key, eqn.index, sig, strategies, op_spaces, res_spaces, fell_back)

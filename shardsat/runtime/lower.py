@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..egraph.export import NodeKind
@@ -180,6 +181,17 @@ def make_interpreter(
             started: set[int] = set()
             for run in by_region.get(self.region, []):
                 eqn = program.equations[run.eqn]
+                if eqn.name == "fold_stack":  # members of one role, stacked in their shared layout
+                    lids = run.operand_layouts if len(run.operand_layouts) == len(eqn.inputs) else (
+                        run.operand_layouts[0],) * len(eqn.inputs)
+                    stacked = jnp.stack([self.view(a, lid) for a, lid in zip(eqn.inputs, lids, strict=True)])
+                    self.set(eqn.outputs[0], constrain(stacked, run.outputs[0][1]))
+                    continue
+                if eqn.name == "fold_unstack":
+                    x = self.view(eqn.inputs[0], run.operand_layouts[0])
+                    for k, lid in run.outputs:
+                        self.set(eqn.outputs[k], constrain(x[k], lid))
+                    continue
                 if eqn.name in SCAN_PSEUDO:
                     scan = eqn.params["scan"]
                     if eqn.name == "scan_slice":

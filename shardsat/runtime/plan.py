@@ -20,7 +20,7 @@ from ..extract.profile import DeviceProfile
 from ..extract.result import Extraction
 from ..extract.structure import heavy_roles
 from ..limits import StopReason
-from ..rules.apply import RuleTables
+from ..rules.apply import RuleTables, planned_inputs
 from ..rules.primitives import ELEMENTWISE
 from .hlo import count_collectives
 from .lower import EqnRun, Step, make_interpreter
@@ -197,7 +197,7 @@ class Plan:
         self.produced: dict[int, int] = {}
         self.parent: dict[tuple[int, int], Step] = {}
         for vid in range(len(prog.values)):
-            grp = g.value_group.get(vid)
+            grp = g.value_group.get(prog.alias(vid))
             if grp is not None and grp in ex.choices:
                 self.produced[vid] = ex.choices[grp].layout
                 for step in ex.choices[grp].steps:
@@ -326,7 +326,7 @@ class Plan:
         for r in self.runs:
             eqn = prog.equations[r.eqn]
             it = iter(r.operand_layouts)
-            for a in eqn.inputs:
+            for a in planned_inputs(eqn):
                 if isinstance(a, Literal):
                     continue
                 lid = next(it)

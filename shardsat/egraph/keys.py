@@ -1,0 +1,92 @@
+"""Content keys of equations: primitive, params, operand and result types, literal operands.
+
+Equations with equal keys compute the same function of their operands, so they share one set of
+strategy rows, hash-cons into one e-class when their operands are equal, and mark the repeats
+of an unrolled loop (egraph/fold.py). Params whose equality cannot be trusted (jaxprs,
+callables) make a key unique to its equation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .program import Equation, Literal, Program
+
+
+def _canon(x: Any) -> str | None:
+    """A deterministic text for simple params; None where equality cannot be trusted."""
+    if x is None or isinstance(x, bool | int | float | complex | str):
+        return repr(x)
+    if isinstance(x, enum.Enum):
+        return f"{type(x).__name__}.{x.name}"
+    if isinstance(x, np.dtype | type) or type(x).__name__ in ("dtype", "DType"):
+        return str(x)
+    if isinstance(x, tuple | list):
+        parts = [_canon(v) for v in x]
+        return None if any(p is None for p in parts) else "(" + ",".join(parts) + ")"  # type: ignore[arg-type]
+    if isinstance(x, frozenset | set):
+        parts = sorted(_canon(v) or "?" for v in x)
+        return "{" + ",".join(parts) + "}"
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return _canon(tuple((f.name, getattr(x, f.name)) for f in dataclasses.fields(x)))
+    if isinstance(x, np.ndarray) and x.size <= 16:
+        return repr(x.tolist()) + str(x.dtype)
+    if isinstance(x, np.generic):
+        return repr(x.item()) + str(x.dtype)
+    try:
+        import jax
+
+        if isinstance(x, jax.sharding.PartitionSpec | jax.sharding.NamedSharding):
+            return str(x)
+        if hasattr(x, "dtype") and hasattr(x, "shape") and np.size(x) <= 16:
+            return repr(np.asarray(x).tolist()) + str(x.dtype)
+    except Exception:  # pragma: no cover - defensive
+        return None
+    return None
+
+
+
+def equation_key(eqn: Equation, in_shapes: Sequence[tuple[int, ...]], in_dtypes: Sequence[Any],
+                 out_shapes: Sequence[tuple[int, ...]], out_dtypes: Sequence[Any], literal: Sequence[bool],
+                 literal_values: Sequence[Any]) -> str:
+    parts = [eqn.name]
+    unique = False
+    for k in sorted(eqn.params):
+        c = _canon(eqn.params[k])
+        if c is None:
+            unique = True
+            c = "?"
+        parts.append(f"{k}={c}")
+    parts.append(repr([(s, str(d)) for s, d in zip(in_shapes, in_dtypes, strict=True)]))
+    parts.append(repr([(s, str(d)) for s, d in zip(out_shapes, out_dtypes, strict=True)]))
+    parts.append(repr([(i, _canon(v), str(d)) for i, (lit, v, d) in enumerate(
+        zip(literal, literal_values, in_dtypes, strict=True)) if lit]))
+    if unique:  # params we cannot compare: never merge this equation with another
+        parts.append(f"@{eqn.index}")
+    digest = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
+    name = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in eqn.name)
+    return f"{name}:{digest}"
+
+
+def program_key(prog: Program, eqn: Equation) -> str:
+    """equation_key from the program's value types."""
+    in_shapes, in_dtypes, lits, litv = [], [], [], []
+    for a in eqn.inputs:
+        if isinstance(a, Literal):
+            in_shapes.append(tuple(np.shape(a.value)))
+            in_dtypes.append(a.dtype)
+            lits.append(True)
+            litv.append(a.value)
+        else:
+            in_shapes.append(prog.values[a].shape)
+            in_dtypes.append(prog.values[a].dtype)
+            lits.append(False)
+            litv.append(None)
+    outs = [prog.values[o] for o in eqn.outputs]
+    return equation_key(eqn, in_shapes, in_dtypes, [v.shape for v in outs], [v.dtype for v in outs], lits, litv)
