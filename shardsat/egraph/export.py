@@ -243,14 +243,20 @@ def _canonical(g: ExportedGraph) -> ExportedGraph:
     child_idx = cnew[g.child_idx] if len(g.child_idx) else g.child_idx
     n = g.num_nodes
     nclass = cnew[g.node_class] if n else g.node_class
-    kids = [tuple(child_idx[g.child_ptr[i]: g.child_ptr[i + 1]].tolist()) for i in range(n)]
-    norder = sorted(range(n), key=lambda i: (int(nclass[i]), int(g.node_kind[i]), g.node_key[i] or "",
-                                              int(g.node_a[i]), int(g.node_b[i]), int(g.node_c[i]), kids[i]))
-    ptr = [0]
-    flat: list[int] = []
-    for i in norder:
-        flat.extend(kids[i])
-        ptr.append(len(flat))
+    # node order: class, kind, key, params, first child (two nodes never tie on all of these)
+    names = sorted({k for k in g.node_key if k is not None})
+    name_id = {k: i for i, k in enumerate(names)}
+    key_id = np.asarray([name_id[k] + 1 if k is not None else 0 for k in g.node_key], dtype=np.int64)
+    counts = np.diff(g.child_ptr)
+    first_kid = np.where(counts > 0, child_idx[np.minimum(g.child_ptr[:-1], max(len(child_idx) - 1, 0))]
+                         if len(child_idx) else -1, -1)
+    norder = np.lexsort((first_kid, g.node_c, g.node_b, g.node_a, key_id, g.node_kind, nclass)) if n else np.arange(0)
+    lengths = counts[norder]
+    new_ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    total = int(new_ptr[-1])
+    gather = np.repeat(g.child_ptr[:-1][norder] - new_ptr[:-1], lengths) + np.arange(total)
+    flat = child_idx[gather] if total else np.zeros(0, dtype=np.int32)
+    ptr = new_ptr
     return ExportedGraph(
         class_group=cg[corder].astype(np.int32),
         class_layout=g.class_layout[corder],

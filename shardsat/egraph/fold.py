@@ -205,6 +205,7 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]])
         if i not in run_at:
             e = prog.equations[i]
             emit(e.primitive, e.params, list(e.inputs), list(e.outputs), e.source, e.scope, None)
+            equations[-1].key = e.key
             i += 1
             continue
         run, slots = run_at[i]
@@ -265,6 +266,7 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]])
                 body_of[(t, k)] = new_value(o, region=s)
                 outs.append(body_of[(t, k)])
             emit(e.primitive, e.params, ins, outs, e.source, e.scope, s)
+            equations[-1].key = e.key  # same function of same-typed operands
         reg.carry_out = [body_of[key] for key in carry_of]
         finals: dict[int, int] = {}
         for t in range(run.period):

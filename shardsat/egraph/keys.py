@@ -75,7 +75,9 @@ def equation_key(eqn: Equation, in_shapes: Sequence[tuple[int, ...]], in_dtypes:
 
 
 def program_key(prog: Program, eqn: Equation) -> str:
-    """equation_key from the program's value types."""
+    """equation_key from the program's value types (cached on the equation)."""
+    if eqn.key is not None:
+        return eqn.key
     in_shapes, in_dtypes, lits, litv = [], [], [], []
     for a in eqn.inputs:
         if isinstance(a, Literal):
@@ -89,4 +91,5 @@ def program_key(prog: Program, eqn: Equation) -> str:
             lits.append(False)
             litv.append(None)
     outs = [prog.values[o] for o in eqn.outputs]
-    return equation_key(eqn, in_shapes, in_dtypes, [v.shape for v in outs], [v.dtype for v in outs], lits, litv)
+    eqn.key = equation_key(eqn, in_shapes, in_dtypes, [v.shape for v in outs], [v.dtype for v in outs], lits, litv)
+    return eqn.key

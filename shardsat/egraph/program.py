@@ -80,6 +80,7 @@ class Equation:
     source: str
     scope: str = ""
     region: int | None = None  # the scan whose body this equation is in
+    key: str | None = None  # content key, once computed (egraph/keys.py)
 
     @property
     def name(self) -> str:

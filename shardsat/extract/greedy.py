@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -210,6 +211,8 @@ class Extractor:
         place_pins: dict[int, int] | None = None,
         ties: Sequence[tuple[int, int]] = (),
         seed: dict[int, int] | None = None,
+        explain: bool = True,
+        chains: bool = True,
     ) -> Extraction:
         """roots: (group, allowed layouts or None for any non-partial) per output.
         place_pins: group -> the layout an input must be placed in.
@@ -333,7 +336,7 @@ class Extractor:
                 self.prod[h] = nodes
         # 3. improvement: exact single-value moves, then exact chain re-labelling (Viterbi)
         sweeps = 0
-        chains = self._chains(choice, demand)
+        chain_list = self._chains(choice, demand) if chains else []
         dirty = set(choice)
         while dirty and sweeps < max_sweeps and time.perf_counter() < deadline:
             sweeps += 1
@@ -343,7 +346,7 @@ class Extractor:
                     continue
                 if self._improve(grp, choice, demand):
                     changed.add(grp)
-            for chain in chains:
+            for chain in chain_list:
                 if time.perf_counter() >= deadline:
                     break
                 if dirty.isdisjoint(chain):
@@ -361,7 +364,8 @@ class Extractor:
                 dirty.update(self._demands(choice[grp]))
                 dirty.update(self.parents[grp])
         # 4. result, and for each value the cheapest plan that differs in its layout ("why this")
-        alternatives = {grp: alt for grp in choice if (alt := self._alternative(grp, choice, demand)) is not None}
+        state = (dict(choice), [c.copy() for c in demand], [list(p) for p in self.prod], dict(self.place_of))
+        alternatives = self._alternatives(state) if explain else {}
         choices: dict[int, GroupChoice] = {}
         total = 0.0
         for grp, n in choice.items():
@@ -386,6 +390,7 @@ class Extractor:
             seconds=time.perf_counter() - t0,
             sweeps=sweeps,
             alternatives=alternatives,
+            state=state,
         )
 
     # -- loop-carried state ----------------------------------------------------------------------
@@ -588,6 +593,16 @@ class Extractor:
     def _own(self, grp: int, n: int, targets: frozenset[int]) -> float:
         lay = int(self.g.class_layout[self.g.node_class[n]])
         return float(self.cost[n]) + self.weight[grp] * self.steiner(grp, lay, targets)[0]
+
+    def _alternatives(self, state: Any) -> dict[int, tuple[int, float]]:
+        choice, demand, prod, place_of = state
+        self.prod, self.place_of = [list(p) for p in prod], dict(place_of)
+        return {grp: alt for grp in choice if (alt := self._alternative(grp, choice, demand)) is not None}
+
+    def explain(self, ex: Extraction) -> None:
+        """Fill in the "why this" alternatives of a plan this extractor found."""
+        if ex.state is not None and not ex.alternatives:
+            ex.alternatives = self._alternatives(ex.state)
 
     def _alternative(self, grp: int, choice: dict[int, int], demand: list[Counter[int]]) -> tuple[int, float] | None:
         """(layout, extra seconds) of the best production of this value in another layout, the

@@ -4,6 +4,7 @@ layout its consumers need. A plan is exactly this DAG of local ops and collectiv
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..egraph.export import NodeKind
 
@@ -45,4 +46,5 @@ class Extraction:
     gap: float | None = None  # relative optimality gap when the exact solver ran (0: optimal)
     alternatives: dict[int, tuple[int, float]] = field(default_factory=dict)  # group -> (layout, extra s)
     carry_layouts: dict[int, int] = field(default_factory=dict)  # scan carry-input value -> tied layout
+    state: Any = field(default=None, repr=False)  # the extractor's final choices, for explain()
     exact_status: str | None = None

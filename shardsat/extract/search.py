@@ -27,6 +27,7 @@ ACTIVATION_WEIGHT = 0.25
 # whole-graph ILP stops paying beyond a block or two (its relaxation is weak under sharing).
 EXACT_AUTO_NODES = 1000
 EXACT_AUTO_SECONDS = 2.0
+SEED_CHAIN_NODES = 100_000
 
 
 @dataclass
@@ -61,15 +62,21 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
     integer program where it is small enough to pay ("auto") or always ("exact")."""
     ex = Extractor(p.graph, node_cost, p.value_space, p.spaces, p.edges, p.model,
                    describe=p.describe, combinable=p.combinable, weight=p.weight)
-    best = ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties)
+    best = ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, explain=False)
     spent = best.seconds
     for seed in p.seeds:
         if time.perf_counter() >= deadline:
             break
-        alt = ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, seed=seed)
+        # seeds are global starting points: single-value moves refine them; chain moves (the
+        # expensive part) are left to the estimate's run unless the graph is small
+        alt = ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, seed=seed, explain=False,
+                     chains=p.graph.num_nodes <= SEED_CHAIN_NODES)
         spent += alt.seconds
         if alt.total_s < best.total_s:
             best = alt
+    t0 = time.perf_counter()
+    ex.explain(best)
+    spent += time.perf_counter() - t0
     if method == "exact" or (method == "auto" and p.graph.num_nodes <= EXACT_AUTO_NODES):
         left = deadline - time.perf_counter()
         limit = left if method == "exact" else min(EXACT_AUTO_SECONDS, left)

@@ -82,7 +82,10 @@ def _eqn_types(prog: Program, eqn: Equation) -> EqnTypes:
 
 
 def _content_key(eqn: Equation, t: EqnTypes, prog: Program | None = None) -> str:
-    return equation_key(eqn, t.in_shapes, t.in_dtypes, t.out_shapes, t.out_dtypes, t.literal, t.literal_values)
+    if eqn.key is not None and eqn.name != "fold_stack":
+        return eqn.key
+    eqn.key = equation_key(eqn, t.in_shapes, t.in_dtypes, t.out_shapes, t.out_dtypes, t.literal, t.literal_values)
+    return eqn.key
 
 
 def signature_for(eqn: Equation, t: EqnTypes, fallback: str | None) -> tuple[FactorSignature, bool]:
