@@ -26,7 +26,7 @@ class Limits:
     seconds: wall time of saturation plus extraction.
     """
 
-    iterations: int = 64
+    iterations: int = 1000
     nodes: int = 5_000_000
     seconds: float = 120.0
 
