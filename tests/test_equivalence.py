@@ -551,8 +551,9 @@ def check(prog: Program, mesh: jax.sharding.Mesh, profile: Any, in_shardings: An
     except Exception as e:
         # With Explicit axes, JAX itself rejects some programs for some argument shardings (a
         # contraction over a sharded dim with no out_sharding, a reshape of a sharded dim, ...).
-        # (jax._src.core.ShardingTypeError is not public.)
-        if type(e).__name__ != "ShardingTypeError":
+        # (jax._src.core.ShardingTypeError and DuplicateSpecError, from broadcasting two operands
+        # sharded on one axis in different dims, are not public.)
+        if type(e).__name__ not in ("ShardingTypeError", "DuplicateSpecError"):
             raise
         reject()
     got = [(o.shape, str(o.dtype)) for o in jax.tree_util.tree_leaves(out)]
