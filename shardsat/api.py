@@ -197,7 +197,7 @@ def saturate_and_extract(
         equations=len(program.equations),
         fallbacks=[f"{name} at {src}" for _, name, src in tables.fallbacks],
     )
-    return Plan(
+    plan = Plan(
         fn=fn,
         program=program,
         mesh=mesh,
@@ -212,6 +212,10 @@ def saturate_and_extract(
         ties=tie_pairs,
         state_argnums=_argnums_of(program, [a for a, _ in tie_pairs]),
     )
+    if memory_limit is not None and plan.cost.memory is not None:
+        report.memory_limit = int(memory_limit)
+        report.memory_headroom = int(memory_limit) - plan.cost.memory.total
+    return plan
 
 
 def describe_group(program: Any, graph: Any, grp: int) -> str:

@@ -205,3 +205,31 @@ def test_progress_lines_for_long_searches():
     assert quiet.getvalue() == ""
     plan = shardsat.saturate_and_extract(jnp.sin, mesh24(), jnp.ones(8), progress=False)
     assert plan.report.iterations > 0
+
+
+def test_pinning_a_transformer_input_forces_batch_parallelism():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from models import GPTConfig, attention, gpt_params, layer_norm
+
+    cfg = GPTConfig(layers=1, d_model=128, heads=4, mlp=512, vocab=64, seq=32, batch=8)
+    layer = gpt_params(cfg, jax.random.key(0))["layers"][0]
+
+    def block(p, x):
+        x = x + attention(p, layer_norm(p["ln1"], x))
+        return x + jax.nn.gelu(layer_norm(p["ln2"], x) @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+
+    x = jax.random.normal(jax.random.key(1), (8, 32, 128))
+    mesh = mesh24(AxisType.Auto)
+    plan = shardsat.saturate_and_extract(block, mesh, layer, x, in_shardings=(None, P("data", None)))
+    assert plan.in_shardings[1].spec == P("data")
+    free = [s.spec for s in jax.tree_util.tree_leaves(plan.in_shardings[0])]
+    assert free  # the weights were searched, not pinned
+    assert_equivalent(plan, block, layer, x, rtol=1e-4)
+    pins = jax.tree_util.tree_map(lambda _: None, layer)
+    pins["w1"], pins["wq"] = P("data", "data"), P("nope")
+    with pytest.raises(shardsat.ShardsatError) as info:
+        shardsat.saturate_and_extract(block, mesh, layer, x, in_shardings=(pins, P(None, None, "model", "x")))
+    msg = str(info.value)
+    assert "['w1']" in msg and "['wq']" in msg and "args[1]" in msg

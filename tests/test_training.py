@@ -95,6 +95,8 @@ def test_memory_limit_forces_sharding_or_errors(data8):
     plan = shardsat.saturate_and_extract(step, data8, state, batch, profile="h100", state_argnums=(0,),
                                          memory_limit=limit)
     assert plan.cost.memory.total <= limit
+    assert plan.report.memory_headroom == limit - plan.cost.memory.total >= 0
+    assert "headroom" in str(plan.report)
     with pytest.raises(shardsat.NoPlanError, match="smallest plan found needs"):
         shardsat.saturate_and_extract(step, data8, state, batch, profile="h100", state_argnums=(0,),
                                       memory_limit=1024)
@@ -134,3 +136,28 @@ def test_iterated_steps_match_unsharded(data8):
     # the same plan runs again on its own outputs: layouts in == layouts out
     for leaf, spec in zip(jax.tree_util.tree_leaves(s), jax.tree_util.tree_leaves(plan.in_shardings[0]), strict=True):
         assert leaf.sharding.spec == spec.spec
+
+
+def test_explain_names_the_weight_update(gpt_plans):
+    plan, dp, _, _ = gpt_plans
+    text = plan.explain()
+    assert "Weight update" in text and ("ZeRO" in text)
+    updates = plan.weight_updates()
+    assert all("ZeRO" in how for how in updates.values())
+    assert any("data parallel" in how or "ZeRO-1/2" in how for how in dp.weight_updates().values())
+
+
+def test_tiny_weights_keep_data_parallel_when_cheaper(data8):
+    # Many small weights on a slow, uncombined network: an extra collective per weight (reduce-
+    # scatter + all-gather instead of one all-reduce) costs more than the 1/N update saves.
+    step, state, batch = abstract_state(GPTConfig(layers=2, d_model=64, heads=8, mlp=256, vocab=4096,
+                                                  seq=128, batch=8, embed="onehot"))
+    slow = shardsat.DeviceProfile(flops_per_s=989e12, hbm_bytes_per_s=3.35e12, link_bytes_per_s=450e9,
+                                  latency_s=1e-4, combine_max=1, name="slow-latency")
+    plan = shardsat.saturate_and_extract(step, data8, state, batch, profile=slow, state_argnums=(0,))
+    assert moment_bytes(plan) == full_moment_bytes(plan)  # optimizer state stays whole
+    zero = jax.tree_util.tree_map(lambda x: P(*(["data" if d == 0 and x.shape[0] % 8 == 0 else None
+                                                   for d in range(len(x.shape))])), state)
+    sharded = shardsat.saturate_and_extract(step, data8, state, batch, profile=slow, state_argnums=(0,),
+                                            in_shardings=(zero, None))
+    assert plan.cost.total_s < sharded.cost.total_s

@@ -72,8 +72,13 @@ def solve_exact(
             stack.extend(int(k) for k in kids[n] if not seen[k])
     classes = np.flatnonzero(seen)
     cidx = {int(c): i for i, c in enumerate(classes)}
+    # operands of a production must come strictly earlier (the program's order of value groups):
+    # otherwise the solver could compute a value from itself through a rewritten term
+    rank = _group_rank(g, nodes_of, kids)
     nodes = [n for c in classes for n in nodes_of[int(c)]
-             if all(int(k) in cidx for k in kids[n])]
+             if all(int(k) in cidx for k in kids[n])
+             and (NodeKind(int(g.node_kind[n])).is_reshard
+                  or all(rank[int(g.class_group[k])] < rank[int(g.class_group[g.node_class[n]])] for k in kids[n]))]
     # pinned placements
     nodes = [n for n in nodes if not (kinds[n] == NodeKind.PLACE and int(g.class_group[g.node_class[n]]) in place_pins
                                        and int(g.node_b[n]) != place_pins[int(g.class_group[g.node_class[n]])])]
@@ -163,7 +168,8 @@ def solve_exact(
     lb = np.zeros(nvar)
     ub = np.ones(nvar)
     ub[t_off:] = big
-    scale = 1e6  # microseconds: better conditioned for the solver
+    # normalised objective: the solver's absolute tolerances must not swamp picosecond costs
+    scale = 1.0 / max(float(np.max(np.abs(cost))), 1e-300)
     res = milp(cost * scale, integrality=integrality, bounds=Bounds(lb, ub),
                constraints=LinearConstraint(A, np.asarray(lo), np.asarray(hi)),
                options={"time_limit": max(0.1, time_limit), "disp": False})
@@ -182,6 +188,45 @@ def solve_exact(
     ex.method = "exact-ilp" + ("" if res.status == 0 else " (time limit)")
     status = "optimal" if res.status == 0 else str(res.message)
     return ExactResult(ex, status, gap, seconds, nvar)
+
+
+def _group_rank(g: ExportedGraph, nodes_of: list[list[int]], kids: list[np.ndarray]) -> np.ndarray:
+    """A topological rank of value groups by production operands (cycles broken by group id)."""
+    G = g.num_groups
+    deps: list[set[int]] = [set() for _ in range(G)]
+    for c, ns in enumerate(nodes_of):
+        grp = int(g.class_group[c])
+        for n in ns:
+            if NodeKind(int(g.node_kind[n])).is_reshard:
+                continue
+            for k in kids[n]:
+                h = int(g.class_group[k])
+                if h != grp:
+                    deps[grp].add(h)
+    rank = np.full(G, -1, dtype=np.int64)
+    indeg = [len(d) for d in deps]
+    users: list[list[int]] = [[] for _ in range(G)]
+    for grp, d in enumerate(deps):
+        for h in d:
+            users[h].append(grp)
+    import heapq
+
+    ready = [x for x in range(G) if indeg[x] == 0]
+    heapq.heapify(ready)
+    r = 0
+    while ready:
+        x = heapq.heappop(ready)
+        rank[x] = r
+        r += 1
+        for u in users[x]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(ready, u)
+    for x in range(G):
+        if rank[x] < 0:
+            rank[x] = r
+            r += 1
+    return rank
 
 
 def _to_extraction(g, chosen, node_cost, group_space, model, combinable, roots, ties, tie_vars, x, cidx, nx,

@@ -97,6 +97,10 @@ def explain(plan: Plan) -> str:
         lines += _table(["kind", "axes", "buffer", "time", "tensor", "layouts", "why"], rows)
     else:
         lines.append("  none")
+    updates = plan.weight_updates()
+    if updates:
+        lines += ["", "Weight update (loop-carried weights)"]
+        lines += _table(["weight", "how it is updated"], [[p, how] for p, how in updates.items()])
     if plan.report.fallbacks:
         lines += ["", "Replicated by fallback (no sharding rule)"]
         lines += [f"  {f}" for f in plan.report.fallbacks]

@@ -83,6 +83,8 @@ class Report:
     equations: int = 0
     fallbacks: list[str] = field(default_factory=list)
     gap: float | None = None  # optimality gap of the exact solver, when it ran (0.0: proven optimal)
+    memory_limit: int | None = None  # bytes per device, when planned under a limit
+    memory_headroom: int | None = None  # limit minus the plan's estimate
 
     @property
     def total_s(self) -> float:
@@ -96,6 +98,8 @@ class Report:
             + (f", optimality gap {self.gap:.1%}" if self.gap is not None else "")
             + f"); total {self.total_s:.3f}s"
         )
+        if self.memory_limit is not None:
+            s += f"; memory limit {self.memory_limit:,} B per device, headroom {self.memory_headroom:,} B"
         if self.fallbacks:
             s += f"; replicated by fallback: {', '.join(self.fallbacks)}"
         return s
@@ -416,6 +420,28 @@ class Plan:
                     update_full += info.signature.flops
         return PlanCost(compute, comm, compute + comm, colls, arg_bytes, out_bytes, by_path, memory, flops, update,
                         update_full)
+
+    def weight_updates(self) -> dict[str, str]:
+        """For each weight in loop-carried state (state a contraction reads): how its update runs."""
+        before, _ = heavy_roles(self.program)
+        out: dict[str, str] = {}
+        for a, k in self.ties:
+            vid = self.program.args[a]
+            if not before[vid]:
+                continue
+            store = self.produced.get(vid)
+            new = self.program.outputs[k]
+            upd = None if isinstance(new, Literal) else self.produced.get(new)
+            stored_sharded = store is not None and bool(self._layouts[store].used_axes())
+            update_sharded = upd is not None and bool(self._layouts[upd].split_axes())
+            axes = self.axes.label(self._layouts[upd].split_axes()) if update_sharded else ""
+            if stored_sharded:
+                out[self.program.arg_paths[a]] = f"stored sharded, gathered where used; update sharded over {axes or '-'} (ZeRO-3)"
+            elif update_sharded:
+                out[self.program.arg_paths[a]] = f"update sharded over {axes} (ZeRO-1/2: reduce-scatter, update 1/N, all-gather)"
+            else:
+                out[self.program.arg_paths[a]] = "replicated update (data parallel: all-reduced gradient)"
+        return out
 
     # -- presentation ---------------------------------------------------------------------------
     def explain(self) -> str:
