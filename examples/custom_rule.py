@@ -8,13 +8,13 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from jax.extend.core import Primitive  # noqa: E402
-from jax.interpreters import mlir  # noqa: E402
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
 
-import shardsat  # noqa: E402
-from shardsat.testing import RuleCheckError, check_plan, check_rule  # noqa: E402
+import shardsat
+from shardsat.testing import RuleCheckError, check_plan, check_rule
 
 rms_norm_p = Primitive("example_rms_norm")
 

@@ -99,8 +99,9 @@ def gpt_logits(params: dict[str, Any], tokens: jax.Array, embed: str = "gather")
     return x @ params["unembed"]
 
 
-def gpt_loss(params: dict[str, Any], batch: dict[str, jax.Array], embed: str = "gather") -> jax.Array:
-    logits = gpt_logits(params, batch["tokens"], embed)
+def gpt_loss(params: dict[str, Any], batch: dict[str, jax.Array], embed: str = "gather",
+             logits_fn: Any = None) -> jax.Array:
+    logits = (logits_fn or gpt_logits)(params, batch["tokens"], embed)
     logp = jax.nn.log_softmax(logits, axis=-1)
     labels = jax.nn.one_hot(batch["targets"], logits.shape[-1], dtype=logp.dtype)
     return -(logp * labels).sum(-1).mean()
@@ -117,15 +118,16 @@ def gpt_batch(cfg: GPTConfig, key: Any = None, abstract: bool = False) -> dict[s
     }
 
 
-def make_gpt_step(cfg: GPTConfig, learning_rate: float = 1e-3) -> tuple[Any, Any]:
+def make_gpt_step(cfg: GPTConfig, learning_rate: float = 1e-3, loss_fn: Any = None) -> tuple[Any, Any]:
     """(optimizer, step): step(state, batch) -> (state, loss), state = (params, opt_state)."""
     import optax
 
     opt = optax.adamw(learning_rate, weight_decay=0.01)
+    loss_fn = loss_fn or gpt_loss
 
     def step(state: tuple[Any, Any], batch: dict[str, jax.Array]) -> tuple[tuple[Any, Any], jax.Array]:
         params, opt_state = state
-        loss, grads = jax.value_and_grad(gpt_loss)(params, batch, cfg.embed)
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch, cfg.embed)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return (params, opt_state), loss
@@ -158,22 +160,9 @@ def gpt_logits_scan(params: dict[str, Any], tokens: jax.Array, embed: str = "gat
 
 
 def gpt_loss_scan(params: dict[str, Any], batch: dict[str, jax.Array], embed: str = "gather") -> jax.Array:
-    logits = gpt_logits_scan(params, batch["tokens"], embed)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    labels = jax.nn.one_hot(batch["targets"], logits.shape[-1], dtype=logp.dtype)
-    return -(logp * labels).sum(-1).mean()
+    return gpt_loss(params, batch, embed, logits_fn=gpt_logits_scan)
 
 
 def make_gpt_scan_step(cfg: GPTConfig, learning_rate: float = 1e-3) -> tuple[Any, Any]:
     """Like make_gpt_step, for stacked parameters (see stack_layers) and a scanned forward."""
-    import optax
-
-    opt = optax.adamw(learning_rate, weight_decay=0.01)
-
-    def step(state: tuple[Any, Any], batch: dict[str, jax.Array]) -> tuple[tuple[Any, Any], jax.Array]:
-        params, opt_state = state
-        loss, grads = jax.value_and_grad(gpt_loss_scan)(params, batch, cfg.embed)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
-
-    return opt, step
+    return make_gpt_step(cfg, learning_rate, loss_fn=gpt_loss_scan)

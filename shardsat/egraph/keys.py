@@ -74,12 +74,10 @@ def equation_key(eqn: Equation, in_shapes: Sequence[tuple[int, ...]], in_dtypes:
     return f"{name}:{digest}"
 
 
-def program_key(prog: Program, eqn: Equation) -> str:
-    """equation_key from the program's value types (cached on the equation)."""
-    if eqn.key is not None:
-        return eqn.key
+def operand_types(prog: Program, inputs: Sequence[Any]) -> tuple[list, list, list, list]:
+    """(shapes, dtypes, is-literal, literal values) of an equation's operands."""
     in_shapes, in_dtypes, lits, litv = [], [], [], []
-    for a in eqn.inputs:
+    for a in inputs:
         if isinstance(a, Literal):
             in_shapes.append(tuple(np.shape(a.value)))
             in_dtypes.append(a.dtype)
@@ -90,6 +88,14 @@ def program_key(prog: Program, eqn: Equation) -> str:
             in_dtypes.append(prog.values[a].dtype)
             lits.append(False)
             litv.append(None)
+    return in_shapes, in_dtypes, lits, litv
+
+
+def program_key(prog: Program, eqn: Equation) -> str:
+    """equation_key from the program's value types (cached on the equation)."""
+    if eqn.key is not None:
+        return eqn.key
+    in_shapes, in_dtypes, lits, litv = operand_types(prog, eqn.inputs)
     outs = [prog.values[o] for o in eqn.outputs]
     eqn.key = equation_key(eqn, in_shapes, in_dtypes, [v.shape for v in outs], [v.dtype for v in outs], lits, litv)
     return eqn.key

@@ -11,12 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from egglog import Ruleset
 from jax.sharding import PartitionSpec
 
 from ..egraph.fold import planned_inputs
-from ..egraph.keys import equation_key
+from ..egraph.keys import equation_key, operand_types
 from ..egraph.layout import MeshAxes, Space, SpaceTable, spec_to_layout
 from ..egraph.program import Equation, Literal, Program
 from ..egraph.run import EGraphRun, SaturationReport
@@ -56,18 +55,7 @@ class RuleTables:
 
 
 def _eqn_types(prog: Program, eqn: Equation) -> EqnTypes:
-    in_shapes, in_dtypes, lits, litv = [], [], [], []
-    for a in planned_inputs(eqn):
-        if isinstance(a, Literal):
-            in_shapes.append(tuple(np.shape(a.value)))
-            in_dtypes.append(a.dtype)
-            lits.append(True)
-            litv.append(a.value)
-        else:
-            in_shapes.append(prog.values[a].shape)
-            in_dtypes.append(prog.values[a].dtype)
-            lits.append(False)
-            litv.append(None)
+    in_shapes, in_dtypes, lits, litv = operand_types(prog, planned_inputs(eqn))
     outs = [prog.values[o] for o in eqn.outputs]
     return EqnTypes(
         name=eqn.name,

@@ -35,12 +35,7 @@ class FactorSignature:
 
     @property
     def factors(self) -> tuple[str, ...]:
-        seen: dict[str, None] = {}
-        for t in (*self.operands, *self.results):
-            for d in t:
-                for f in d:
-                    seen.setdefault(f, None)
-        return tuple(seen)
+        return factors_of((*self.operands, *self.results))
 
     def validate(
         self, operand_shapes: Sequence[tuple[int, ...]], result_shapes: Sequence[tuple[int, ...]]
@@ -85,6 +80,16 @@ class FactorSignature:
                 if not 0 <= i < len(self.operands):
                     raise InvalidSignatureError(f"{where}: linear group {group} names operand {i}.")
         return self
+
+
+def factors_of(tensors: Sequence[TensorFactors]) -> tuple[str, ...]:
+    """Every factor named by the tensors, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for t in tensors:
+        for d in t:
+            for f in d:
+                seen.setdefault(f, None)
+    return tuple(seen)
 
 
 _TOKEN = re.compile(r"\(|\)|[A-Za-z_][A-Za-z0-9_]*|1")

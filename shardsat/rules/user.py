@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import InvalidSignatureError
 from .primitives import EqnTypes
 from .registry import SIGNATURES, UNSUPPORTED
-from .signature import FactorSignature, TensorFactors, infer_sizes, parse_tensors
+from .signature import FactorSignature, TensorFactors, factors_of, infer_sizes, parse_tensors
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,7 @@ class SignatureRule:
 
     @property
     def factors(self) -> tuple[str, ...]:
-        seen: dict[str, None] = {}
-        for t in (*self.operands, *self.results):
-            for d in t:
-                for f in d:
-                    seen.setdefault(f, None)
-        return tuple(seen)
+        return factors_of((*self.operands, *self.results))
 
     def signature(self, in_shapes: Sequence[tuple[int, ...]], out_shapes: Sequence[tuple[int, ...]]) -> FactorSignature:
         """The factor signature for concrete shapes (validated; errors name this rule)."""
@@ -97,11 +92,7 @@ def register_signature(
     results = tuple(parse_tensors(rhs, name))
     if not results:
         raise InvalidSignatureError(f"{where} names no result.")
-    seen: set[str] = set()
-    for t in (*operands, *results):
-        for d in t:
-            for f in d:
-                seen.add(f)
+    seen = set(factors_of((*operands, *results)))
     for label, fs in (("reduction_factors", reduction_factors), ("need_replication_factors", need_replication_factors)):
         unknown = sorted(set(fs) - seen)
         if unknown:
