@@ -113,11 +113,16 @@ def saturate_and_extract(
     t1 = time.perf_counter()
     model = CostModel(prof, spaces, tables)
     combinable = combinable_groups(program, graph)
-    # a scan body's values run once per iteration: weight their nodes by the iteration count
+    # a scan body's values run once per iteration, and a folded loop's per-layer inputs of one
+    # role stand for that many arrays: weight their nodes accordingly
     weight = np.ones(graph.num_groups)
+    stand_for: dict[int, int] = {}
+    for a in program.aliases:
+        stand_for[program.alias(a)] = stand_for.get(program.alias(a), 1) + 1
     for grp, vids in enumerate(graph.group_values):
         if vids:
-            weight[grp] = max(program.region_multiplicity(program.values[v].region) for v in vids)
+            weight[grp] = max(max(program.region_multiplicity(program.values[v].region), stand_for.get(v, 1))
+                              for v in vids)
     node_cost = model.node_costs(graph, run.value_space, combinable) * weight[graph.class_group[graph.node_class]]
     roots = []
     root_of: dict[int, int] = {}
@@ -131,6 +136,9 @@ def saturate_and_extract(
     # scan carries: placed in one layout, which the body's carry-out and the initial carry meet
     carry_root: dict[int, int] = {}
     for scan in program.scans:
+        for v in scan.extra_reads:  # read by a folded loop's replay, outside its body's operands
+            if v in graph.value_group:
+                roots.append((graph.value_group[v], None))
         for k, cin in enumerate(scan.carry_in):
             h = graph.value_group[cin]
             for atom in (scan.carry_out[k], scan.init[k]):

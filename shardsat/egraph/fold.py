@@ -1,29 +1,21 @@
-"""Folding unrolled loops into scans, so deep models plan in the time of one layer.
+"""Folding unrolled loops, so deep models plan in the time of one layer.
 
 A Python loop over layers traces to the same run of equations once per layer. `fold` finds such
-tandem repeats in the equation sequence (by content key), checks that every repeat reads its
-operands the same way (from its own repeat, from the previous repeat = a carry, or from outside:
-the same value for all repeats = a constant, or one value per repeat = a scanned input), and
-rewrites each run as a scan: per-repeat inputs are stacked (`fold_stack`), the first repeat
-becomes the body, per-repeat outputs are unstacked (`fold_unstack`). The rewritten program
-computes the same function; the runtime executes it with `lax.scan`.
-
-Members of a stacked input (layer 0..L-1's weight) and of an unstacked output are aliases of
-their first member: they take its layout, so the e-graph holds one of them, not L.
+tandem repeats in the equation sequence (by content key) and checks that every repeat reads its
+operands the same way: from its own repeat, from the previous repeat (a carry), or from outside
+(the same value for all repeats, or one value per repeat, such as each layer's weight). Each run
+is then planned as a scan body: the first repeat, weighted by the repeat count, its carries tied
+like loop-carried state. Every repeat's values alias their body value and each layer's inputs of
+one role alias each other, so the e-graph holds one layer, not L; the plan gives all repeats the
+same layouts (the periodic optimum) and the runtime replays the original repeats with them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-from jax.extend import core as jcore
 
 from .keys import program_key
 from .program import (
-    SCAN_FINAL,
-    SCAN_SLICE,
-    SCAN_STACK,
     Atom,
     Equation,
     Literal,
@@ -31,11 +23,6 @@ from .program import (
     ScanRegion,
     ValueInfo,
 )
-
-FOLD_STACK = jcore.Primitive("fold_stack")  # r values of one role -> [r, ...]
-FOLD_UNSTACK = jcore.Primitive("fold_unstack")  # [r, ...] -> r values
-FOLD_UNSTACK.multiple_results = True
-FOLD_PSEUDO = frozenset({"fold_stack", "fold_unstack"})
 
 MIN_REPEATS = 2
 
@@ -167,6 +154,10 @@ def _check_carries(slots: dict[tuple[int, int], Slot]) -> bool:
 
 
 def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]]) -> Program:
+    """Each run becomes a body (its first repeat, reading carries through tied carry inputs) in a
+    region weighted by the repeat count. Every repeat's values alias their body value, and the
+    per-repeat inputs of a slot alias each other: the e-graph sees one of each, the runtime
+    replays the original repeats with the body's layouts."""
     values = list(prog.values)
     equations: list[Equation] = []
     scans: list[ScanRegion] = []
@@ -178,76 +169,58 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]])
             v = aliases[v]
         return v
 
-    def new_value(like: int, shape: tuple[int, ...] | None = None, region: int | None = None,
-                  carry: tuple[int, int] | None = None) -> int:
+    def new_value(like: int, region: int | None = None, carry: tuple[int, int] | None = None) -> int:
         v = values[like]
         vid = len(values)
-        values.append(ValueInfo(vid, shape if shape is not None else v.shape, v.dtype, region=region, carry=carry))
+        values.append(ValueInfo(vid, v.shape, v.dtype, region=region, carry=carry))
         return vid
 
-    def emit(prim: Any, params: dict[str, Any], ins: list[Atom], outs: list[int], source: str, scope: str,
-             region: int | None) -> None:
+    def emit(e: Equation, ins: list[Atom], outs: list[int], region: int | None) -> None:
         idx = len(equations)
         for k, o in enumerate(outs):
             values[o] = replace(values[o], producer=idx, output_index=k, region=region)
-        equations.append(Equation(idx, prim, params, tuple(ins), tuple(outs), source, scope, region))
-
-    consumers: dict[int, set[int]] = {}
-    for e in prog.equations:
-        for a in e.inputs:
-            if isinstance(a, int):
-                consumers.setdefault(a, set()).add(e.index)
-    outputs = {o for o in prog.outputs if isinstance(o, int)}
+        equations.append(Equation(idx, e.primitive, e.params, tuple(ins), tuple(outs), e.source, e.scope,
+                                  region, e.key))
 
     run_at = {run.start: (run, slots) for run, slots in runs}
     i = 0
     while i < len(prog.equations):
         if i not in run_at:
             e = prog.equations[i]
-            emit(e.primitive, e.params, list(e.inputs), list(e.outputs), e.source, e.scope, None)
-            equations[-1].key = e.key
+            emit(e, list(e.inputs), list(e.outputs), None)
             i += 1
             continue
         run, slots = run_at[i]
-        lo, hi = run.start, run.start + run.period * run.repeats
         s = len(scans)
-        first = prog.equations[lo]
-        src, scope = first.source, first.scope
         reg = ScanRegion(index=s, length=run.repeats, reverse=False, parent=None, multiplicity=run.repeats,
                          init=[], carry_in=[], carry_out=[], final=[], xs=[], slices=[], ys=[], stacked=[],
-                         params={"length": run.repeats, "reverse": False, "unroll": 1})
+                         params={"length": run.repeats, "reverse": False, "unroll": 1, "folded": True})
         scans.append(reg)
         body_of: dict[tuple[int, int], int] = {}
         carry_of: dict[tuple[int, int], int] = {}
-        slice_of: dict[tuple[int, ...], int] = {}
-        for (_, _), slot in sorted(slots.items()):
-            if slot.kind != "xs" or tuple(slot.values) in slice_of:
-                continue
-            members = slot.values
-            stacked = new_value(members[0], shape=(run.repeats, *values[members[0]].shape))
-            # layer weights (arguments) of one role share a layout: the e-graph sees the first;
-            # members produced by different equations each keep their own production
-            same = all(values[m].arg is not None for m in members) or len({root(m) for m in members}) == 1
-            emit(FOLD_STACK, {"fold": s, "aliased": same}, list(members), [stacked], src, scope, None)
-            if same:
-                for m in members[1:]:
-                    if root(m) != root(members[0]):
-                        aliases[root(m)] = root(members[0])
-            sl = new_value(members[0], region=s)
-            emit(SCAN_SLICE, {"scan": s}, [stacked], [sl], src, scope, s)
-            reg.xs.append(stacked)
-            reg.slices.append(sl)
-            slice_of[tuple(members)] = sl
-        for (_, _), slot in sorted(slots.items()):
-            if slot.kind != "carry" or slot.src in carry_of:
-                continue
-            tt, k = slot.src  # type: ignore[misc]
-            like = prog.equations[run.index(0, tt)].outputs[k]
-            cin = new_value(like, region=s, carry=(s, len(reg.carry_in)))
-            carry_of[slot.src] = cin  # type: ignore[index]
-            reg.carry_in.append(cin)
-            reg.init.append(slot.values[0])
-            carries.append(cin)
+        rep_of: dict[tuple[int, int], int] = {}
+        for key, slot in sorted(slots.items()):
+            if slot.kind == "xs":
+                # one role, one layout: the e-graph sees the most common member (a body value of an
+                # earlier folded loop, or the first layer's weight); arguments of the role alias it.
+                # A member produced elsewhere keeps its own production and is resharded to the
+                # body's layout where it is read.
+                roots = [root(m) for m in slot.values]
+                rep = max(dict.fromkeys(roots), key=roots.count)
+                for r_ in roots:
+                    if r_ != rep and values[r_].arg is not None:
+                        aliases[r_] = rep
+                    elif r_ != rep and r_ not in reg.extra_reads:
+                        reg.extra_reads.append(r_)  # must still be computed: a root of the plan
+                rep_of[key] = rep
+            elif slot.kind == "carry" and slot.src not in carry_of:
+                tt, k = slot.src  # type: ignore[misc]
+                like = prog.equations[run.index(0, tt)].outputs[k]
+                cin = new_value(like, region=s, carry=(s, len(reg.carry_in)))
+                carry_of[slot.src] = cin  # type: ignore[index]
+                reg.carry_in.append(cin)
+                reg.init.append(slot.values[0])
+                carries.append(cin)
         for t in range(run.period):
             e = prog.equations[run.index(0, t)]
             ins: list[Atom] = []
@@ -258,43 +231,27 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]])
                 elif slot.kind == "carry":
                     ins.append(carry_of[slot.src])  # type: ignore[index]
                 elif slot.kind == "xs":
-                    ins.append(slice_of[tuple(slot.values)])
+                    ins.append(rep_of[(t, q)])
                 else:
                     ins.append(a)
             outs = []
-            for k, o in enumerate(e.outputs):
-                body_of[(t, k)] = new_value(o, region=s)
+            for k, _ in enumerate(e.outputs):
+                body_of[(t, k)] = new_value(e.outputs[k], region=s)
                 outs.append(body_of[(t, k)])
-            emit(e.primitive, e.params, ins, outs, e.source, e.scope, s)
-            equations[-1].key = e.key  # same function of same-typed operands
-        reg.carry_out = [body_of[key] for key in carry_of]
-        finals: dict[int, int] = {}
-        for t in range(run.period):
-            for k in range(len(prog.equations[run.index(0, t)].outputs)):
+            emit(e, ins, outs, s)
+            reg.replay[len(equations) - 1] = [prog.equations[run.index(j, t)] for j in range(run.repeats)]
+            for k, b in enumerate(outs):
                 members = [prog.equations[run.index(j, t)].outputs[k] for j in range(run.repeats)]
-                outside = [m for m in members
-                           if m in outputs or any(c < lo or c >= hi for c in consumers.get(m, ()))]
-                if not outside:
-                    continue
-                if (t, k) in carry_of and outside == [members[-1]]:
-                    ci = list(carry_of).index((t, k))
-                    emit(SCAN_FINAL, {"scan": s}, [reg.carry_out[ci]], [members[-1]], src, scope, None)
-                    finals[ci] = members[-1]
-                    continue
-                stacked = new_value(members[0], shape=(run.repeats, *values[members[0]].shape))
-                reg.ys.append(body_of[(t, k)])
-                emit(SCAN_STACK, {"scan": s}, [body_of[(t, k)]], [stacked], src, scope, None)
-                reg.stacked.append(stacked)
-                emit(FOLD_UNSTACK, {"fold": s}, [stacked], list(members), src, scope, None)
-                for m in members[1:]:
-                    aliases[m] = members[0]
-        for ci in range(len(reg.carry_in)):  # the scan returns every carry
-            if ci not in finals:
-                fin = new_value(reg.carry_out[ci])
-                emit(SCAN_FINAL, {"scan": s}, [reg.carry_out[ci]], [fin], src, scope, None)
-                finals[ci] = fin
-        reg.final = [finals[ci] for ci in range(len(reg.carry_in))]
-        i = hi
+                reg.members[b] = members
+                for m in members:
+                    aliases[m] = b  # every repeat's value is laid out like the body's
+        reg.carry_out = [body_of[key] for key in carry_of]
+        for key, cin in carry_of.items():  # each repeat reads as its carry: the init, then the previous output
+            tt, k = key
+            ci = reg.carry_in.index(cin)
+            reg.members[cin] = [reg.init[ci]] + [
+                prog.equations[run.index(j, tt)].outputs[k] for j in range(run.repeats - 1)]
+        i = run.start + run.period * run.repeats
     return Program(
         values=values, equations=equations, args=prog.args, consts=prog.consts, const_values=prog.const_values,
         outputs=prog.outputs, in_tree=prog.in_tree, out_tree=prog.out_tree, arg_paths=prog.arg_paths,
@@ -302,9 +259,3 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]])
         aliases=aliases,
     )
 
-
-def planned_inputs(eqn: Equation) -> tuple[Atom, ...]:
-    """The operands the e-graph sees: a stack of aliased members is planned through its first."""
-    if eqn.name == "fold_stack" and eqn.params.get("aliased"):
-        return eqn.inputs[:1]
-    return eqn.inputs

@@ -113,6 +113,16 @@ class ScanRegion:
     ys: list[Atom]  # body atoms stacked into outputs
     stacked: list[int]  # outer values: the stacked ys (scan_stack)
     params: dict[str, Any] = field(default_factory=dict)
+    # A folded unrolled loop (egraph/fold.py) is not run as a scan: its original repeats are
+    # replayed with the body's layouts. replay: body equation index -> the equation in each
+    # repeat; members: body value -> the original value in each repeat.
+    replay: dict[int, list[Any]] = field(default_factory=dict)
+    members: dict[int, list[Atom]] = field(default_factory=dict)
+    extra_reads: list[int] = field(default_factory=list)  # per-repeat inputs planned on their own
+
+    @property
+    def folded(self) -> bool:
+        return bool(self.params.get("folded"))
 
 
 @dataclass

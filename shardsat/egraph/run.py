@@ -18,7 +18,6 @@ from egglog import EGraph, Ruleset, String, i64, rewrite, rule, ruleset, set_, u
 
 from ..errors import InvalidArgumentError
 from ..limits import Limits, StopReason
-from .fold import planned_inputs
 from .layout import SpaceTable
 from .program import Literal, Program
 from .schema import (
@@ -126,9 +125,8 @@ class EGraphRun:
         args += [(vid, base + k) for k, vid in enumerate(prog.carries)]  # scan carries: placed, tied
         ops, ins = [], []
         for eqn in prog.equations:
-            # a folded stack's members share their first one's layout: the e-graph sees only it,
-            # and values that alias another (folded loop members) are not registered at all
-            inputs = planned_inputs(eqn)
+            # values that alias another (folded loop members) are not registered at all
+            inputs = eqn.inputs
             operands = [prog.alias(a) for a in inputs if not isinstance(a, Literal)]
             for out in eqn.outputs:
                 if out in prog.aliases:

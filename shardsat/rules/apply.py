@@ -14,7 +14,6 @@ from typing import Any
 from egglog import Ruleset
 from jax.sharding import PartitionSpec
 
-from ..egraph.fold import planned_inputs
 from ..egraph.keys import equation_key, operand_types
 from ..egraph.layout import MeshAxes, Space, SpaceTable, spec_to_layout
 from ..egraph.program import Equation, Literal, Program
@@ -55,7 +54,7 @@ class RuleTables:
 
 
 def _eqn_types(prog: Program, eqn: Equation) -> EqnTypes:
-    in_shapes, in_dtypes, lits, litv = operand_types(prog, planned_inputs(eqn))
+    in_shapes, in_dtypes, lits, litv = operand_types(prog, eqn.inputs)
     outs = [prog.values[o] for o in eqn.outputs]
     return EqnTypes(
         name=eqn.name,
@@ -70,7 +69,7 @@ def _eqn_types(prog: Program, eqn: Equation) -> EqnTypes:
 
 
 def _content_key(eqn: Equation, t: EqnTypes, prog: Program | None = None) -> str:
-    if eqn.key is not None and eqn.name != "fold_stack":
+    if eqn.key is not None:
         return eqn.key
     eqn.key = equation_key(eqn, t.in_shapes, t.in_dtypes, t.out_shapes, t.out_dtypes, t.literal, t.literal_values)
     return eqn.key
@@ -128,7 +127,7 @@ def build_tables(prog: Program, spaces: SpaceTable, fallback: str | None) -> Rul
         info = tables.keys.get(key)
         if info is None:
             sig, fell_back = signature_for(eqn, t, fallback)
-            op_spaces = tuple(None if isinstance(a, Literal) else value_space[a] for a in planned_inputs(eqn))
+            op_spaces = tuple(None if isinstance(a, Literal) else value_space[a] for a in eqn.inputs)
             res_spaces = tuple(value_space[o] for o in eqn.outputs)
             strategies = enumerate_strategies(sig, mesh, spaces, op_spaces, res_spaces)
             info = KeyInfo(key, eqn.index, sig, strategies, op_spaces, res_spaces, fell_back)

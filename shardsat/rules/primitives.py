@@ -465,18 +465,3 @@ def scan_stack(t: EqnTypes) -> FactorSignature:
     return _sig(t, [tuple((f,) for f in fac)], [result], sizes={"it": t.out_shapes[0][0]},
                 need_replication=frozenset({"it"}))
 
-
-def fold_stack(t: EqnTypes) -> FactorSignature:
-    """The repeats' values of one role stacked for a folded loop (all in one layout)."""
-    fac = _dims("d", len(t.in_shapes[0]))
-    result = (("it",), *((f,) for f in fac))
-    return _sig(t, [tuple((f,) for f in fac)] * len(t.in_shapes), [result], sizes={"it": t.out_shapes[0][0]},
-                need_replication=frozenset({"it"}))
-
-
-def fold_unstack(t: EqnTypes) -> FactorSignature:
-    """A folded loop's stacked output split back into per-repeat values (all in one layout)."""
-    fac = _dims("d", len(t.out_shapes[0]))
-    operand = (("it",), *((f,) for f in fac))
-    return _sig(t, [operand], [tuple((f,) for f in fac)] * len(t.out_shapes), sizes={"it": t.in_shapes[0][0]},
-                need_replication=frozenset({"it"}))

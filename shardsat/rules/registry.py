@@ -47,9 +47,6 @@ SIGNATURES.update(
         "scan_slice": p.scan_slice,
         "scan_stack": p.scan_stack,
         "scan_final": p.elementwise,
-        # folded unrolled loops (egraph/fold.py)
-        "fold_stack": p.fold_stack,
-        "fold_unstack": p.fold_unstack,
         # PRNG key plumbing and bit generation: every device draws the same (replicated) bits,
         # which consumers slice for free. Correct everywhere; sharded generation is future work.
         "random_bits": p.replicated,

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..egraph.export import NodeKind
@@ -131,9 +130,15 @@ def make_interpreter(
 
         return smap(body, [src], [dst])(x)[0]
 
-    by_region: dict[int | None, list[EqnRun]] = {}
+    by_region: dict[int | None, list[Any]] = {}
+    replays: set[int] = set()
     for run in runs:
-        by_region.setdefault(program.equations[run.eqn].region, []).append(run)
+        region = program.equations[run.eqn].region
+        if region is not None and program.scans[region].folded and region not in replays:
+            # a folded loop: its repeats are replayed where its first repeat stood
+            replays.add(region)
+            by_region.setdefault(program.scans[region].parent, []).append(("replay", region))
+        by_region.setdefault(region, []).append(run)
     run_of_output = {program.equations[r.eqn].outputs[k]: r for r in runs for k, _ in r.outputs}
 
     class Scope:
@@ -180,43 +185,43 @@ def make_interpreter(
         def execute(self) -> None:
             started: set[int] = set()
             for run in by_region.get(self.region, []):
-                eqn = program.equations[run.eqn]
-                if eqn.name == "fold_stack":  # members of one role, stacked in their shared layout
-                    lids = run.operand_layouts if len(run.operand_layouts) == len(eqn.inputs) else (
-                        run.operand_layouts[0],) * len(eqn.inputs)
-                    stacked = jnp.stack([self.view(a, lid) for a, lid in zip(eqn.inputs, lids, strict=True)])
-                    self.set(eqn.outputs[0], constrain(stacked, run.outputs[0][1]))
+                if isinstance(run, tuple):
+                    self.replay(run[1])
                     continue
-                if eqn.name == "fold_unstack":
-                    x = self.view(eqn.inputs[0], run.operand_layouts[0])
-                    for k, lid in run.outputs:
-                        self.set(eqn.outputs[k], constrain(x[k], lid))
-                    continue
-                if eqn.name in SCAN_PSEUDO:
-                    scan = eqn.params["scan"]
-                    if eqn.name == "scan_slice":
-                        continue  # fed by lax.scan itself
-                    if scan not in started:
-                        started.add(scan)
-                        self.run_scan(scan)
-                    continue
-                lids = iter(run.operand_layouts)
-                operand_lids = [None if isinstance(a, Literal) else next(lids) for a in eqn.inputs]
-                pending = any(layouts[lid].partial for lid in operand_lids if lid is not None) or any(
-                    layouts[lid].partial for _, lid in run.outputs)
-                if not pending:
-                    operands = [a.value if isinstance(a, Literal) else self.view(a, lid)
-                                for a, lid in zip(eqn.inputs, operand_lids, strict=True)]
-                    # a user's own pin is replaced by the plan's constraint on the result
-                    outs = operands[0] if eqn.name in PINS else eqn.primitive.bind(*operands, **eqn.params)
-                    if not eqn.primitive.multiple_results:
-                        outs = [outs]
-                    for k, lid in run.outputs:
-                        self.set(eqn.outputs[k], constrain(outs[k], lid))
-                    continue
-                for vid, x in _run_on_shards(program, eqn, run, operand_lids, self.view, smap, unstack, restack,
-                                             local_shape).items():
-                    self.set(vid, x)
+                self.run_eqn(program.equations[run.eqn], run, started)
+
+        def replay(self, s: int) -> None:
+            """The original repeats of a folded loop, each with the body's layouts."""
+            scan = program.scans[s]
+            body = by_region.get(s, [])
+            for j in range(scan.length):
+                for run in body:
+                    self.run_eqn(scan.replay[run.eqn][j], run, set())
+
+        def run_eqn(self, eqn: Any, run: EqnRun, started: set[int]) -> None:
+            if eqn.name in SCAN_PSEUDO:
+                scan = eqn.params["scan"]
+                if eqn.name != "scan_slice" and scan not in started:  # slices: fed by lax.scan
+                    started.add(scan)
+                    self.run_scan(scan)
+                return
+            lids = iter(run.operand_layouts)
+            operand_lids = [None if isinstance(a, Literal) else next(lids) for a in eqn.inputs]
+            pending = any(layouts[lid].partial for lid in operand_lids if lid is not None) or any(
+                layouts[lid].partial for _, lid in run.outputs)
+            if not pending:
+                operands = [a.value if isinstance(a, Literal) else self.view(a, lid)
+                            for a, lid in zip(eqn.inputs, operand_lids, strict=True)]
+                # a user's own pin is replaced by the plan's constraint on the result
+                outs = operands[0] if eqn.name in PINS else eqn.primitive.bind(*operands, **eqn.params)
+                if not eqn.primitive.multiple_results:
+                    outs = [outs]
+                for k, lid in run.outputs:
+                    self.set(eqn.outputs[k], constrain(outs[k], lid))
+                return
+            for vid, x in _run_on_shards(program, eqn, run, operand_lids, self.view, smap, unstack, restack,
+                                         local_shape).items():
+                self.set(vid, x)
 
         def run_scan(self, s: int) -> None:
             """lax.scan with the body run under the plan: carries in their tied layout."""

@@ -20,7 +20,7 @@ from ..extract.profile import DeviceProfile
 from ..extract.result import Extraction
 from ..extract.structure import heavy_roles
 from ..limits import StopReason
-from ..rules.apply import RuleTables, planned_inputs
+from ..rules.apply import RuleTables
 from ..rules.primitives import ELEMENTWISE
 from .hlo import count_collectives
 from .lower import EqnRun, Step, make_interpreter
@@ -48,6 +48,7 @@ class Collective:
     dst: str  # layout after
     reason: str  # which consumer needed it
     count: int = 1  # times per step (inside a scan body: once per iteration)
+    hlo_count: int = 1  # times it appears in the compiled HLO (a while loop's body holds it once)
 
 
 @dataclass
@@ -65,7 +66,11 @@ class PlanCost:
     update_flops_unsharded: float = 0.0  # the same ops on one device (plain data parallelism)
 
     def count(self) -> Counter[str]:
-        return Counter(c.kind for c in self.collectives)
+        """Collectives by kind, as they appear in the compiled HLO."""
+        out: Counter[str] = Counter()
+        for c in self.collectives:
+            out[c.kind] += c.hlo_count
+        return out
 
 
 @dataclass
@@ -206,12 +211,30 @@ class Plan:
                 self.produced[vid] = ex.choices[grp].layout
                 for step in ex.choices[grp].steps:
                     self.parent[(vid, step.dst)] = Step(step.src, step.kind, step.axes, step.dim, step.dim2)
+        # a folded loop's repeats read their carry through the carry input's resharding tree
+        for scan in prog.scans:
+            for cin, members in scan.members.items():
+                grp = g.value_group.get(cin)
+                if scan.folded and cin in scan.carry_in and grp in ex.choices:
+                    for m in members:
+                        if isinstance(m, int):
+                            for step in ex.choices[grp].steps:
+                                self.parent.setdefault(
+                                    (m, step.dst), Step(step.src, step.kind, step.axes, step.dim, step.dim2))
         # values the e-graph proved equal (identical equations) are computed once
         self.canon: dict[int, int] = {}
         for vids in g.group_values:
             first: dict[int | None, int] = {}
             for v in vids:  # only within one region: a scan body recomputes per iteration
                 self.canon[v] = first.setdefault(prog.values[v].region, v)
+        for scan in prog.scans:  # a replayed repeat's value is computed once like its body value
+            if scan.folded:
+                for b, members in scan.members.items():
+                    cb = self.canon.get(b, b)
+                    if cb != b and cb in scan.members:
+                        for m, cm in zip(members, scan.members[cb], strict=True):
+                            if isinstance(m, int) and isinstance(cm, int):
+                                self.canon[m] = cm
         runs: list[EqnRun] = []
         done: set[int] = set()
         for eqn in prog.equations:
@@ -310,6 +333,15 @@ class Plan:
         return self.cost.count()
 
     # -- cost -----------------------------------------------------------------------------------
+    def _in_real_scan(self, grp: int) -> bool:
+        vids = self.graph.group_values[grp]
+        region = self.program.values[vids[0]].region if vids else None
+        while region is not None:
+            if not self.program.scans[region].folded:
+                return True
+            region = self.program.scans[region].parent
+        return False
+
     def _describe_value(self, grp: int) -> str:
         vids = self.graph.group_values[grp]
         if not vids:
@@ -330,7 +362,7 @@ class Plan:
         for r in self.runs:
             eqn = prog.equations[r.eqn]
             it = iter(r.operand_layouts)
-            for a in planned_inputs(eqn):
+            for a in eqn.inputs:
                 if isinstance(a, Literal):
                     continue
                 lid = next(it)
@@ -373,6 +405,7 @@ class Plan:
                     dst=self._layouts[s.dst].describe(self.axes),
                     reason=reason,
                     count=int(ch.weight),
+                    hlo_count=1 if self._in_real_scan(grp) else int(ch.weight),
                 ))
         arg_bytes = 0
         by_path: dict[str, int] = {}
