@@ -85,12 +85,17 @@ def attention(p: dict[str, Any], x: jax.Array) -> jax.Array:
     return jnp.einsum("bhqk,hkd->bqd", ctx, p["wo"])
 
 
-def gpt_logits(params: dict[str, Any], tokens: jax.Array, embed: str = "gather") -> jax.Array:
+def embed_tokens(params: dict[str, Any], tokens: jax.Array, embed: str = "gather") -> jax.Array:
+    """Token embedding (a gather, or a one-hot matmul) plus learned positions."""
     if embed == "gather":
         x = jnp.take(params["embed"], tokens, axis=0)
     else:
         x = jax.nn.one_hot(tokens, params["embed"].shape[0], dtype=jnp.float32) @ params["embed"]
-    x = x + params["pos"][None, : tokens.shape[1]]
+    return x + params["pos"][None, : tokens.shape[1]]
+
+
+def gpt_logits(params: dict[str, Any], tokens: jax.Array, embed: str = "gather") -> jax.Array:
+    x = embed_tokens(params, tokens, embed)
     for layer in params["layers"]:
         x = x + attention(layer, layer_norm(layer["ln1"], x))
         h = jax.nn.gelu(layer_norm(layer["ln2"], x) @ layer["w1"] + layer["b1"])
@@ -144,11 +149,7 @@ def stack_layers(params: dict[str, Any]) -> dict[str, Any]:
 
 def gpt_logits_scan(params: dict[str, Any], tokens: jax.Array, embed: str = "gather") -> jax.Array:
     """gpt_logits with the layers run by `lax.scan` over stacked layer parameters."""
-    if embed == "gather":
-        x = jnp.take(params["embed"], tokens, axis=0)
-    else:
-        x = jax.nn.one_hot(tokens, params["embed"].shape[0], dtype=jnp.float32) @ params["embed"]
-    x = x + params["pos"][None, : tokens.shape[1]]
+    x = embed_tokens(params, tokens, embed)
 
     def layer(x: jax.Array, p: dict[str, Any]) -> tuple[jax.Array, None]:
         x = x + attention(p, layer_norm(p["ln1"], x))
