@@ -221,6 +221,10 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]])
                 reg.carry_in.append(cin)
                 reg.init.append(slot.values[0])
                 carries.append(cin)
+        roles: dict[int, set[tuple[int, ...]]] = {}  # representative -> the member lists it stands for
+        for key, rep in rep_of.items():
+            roles.setdefault(rep, set()).add(tuple(slots[key].values))
+        rep_count = {rep: len(lists) for rep, lists in roles.items()}
         for t in range(run.period):
             e = prog.equations[run.index(0, t)]
             ins: list[Atom] = []
@@ -239,6 +243,9 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]])
                 body_of[(t, k)] = new_value(e.outputs[k], region=s)
                 outs.append(body_of[(t, k)])
             emit(e, ins, outs, s)
+            shared_rep = [rep_of[(t, q)] for q in range(len(e.inputs)) if slots[(t, q)].kind == "xs"]
+            if any(rep_count[r_] > 1 for r_ in shared_rep):
+                _unique_key(equations[-1])  # slots read different arrays through one representative
             reg.replay[len(equations) - 1] = [prog.equations[run.index(j, t)] for j in range(run.repeats)]
             for k, b in enumerate(outs):
                 members = [prog.equations[run.index(j, t)].outputs[k] for j in range(run.repeats)]
@@ -252,10 +259,20 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]])
             reg.members[cin] = [reg.init[ci]] + [
                 prog.equations[run.index(j, tt)].outputs[k] for j in range(run.repeats - 1)]
         i = run.start + run.period * run.repeats
+    # An alias shares its representative's layout, not its value: an equation reading a member must
+    # never be merged with one reading another member, so its key is made its own.
+    for e in equations:
+        if e.region is None and any(isinstance(a, int) and a in aliases for a in e.inputs):
+            _unique_key(e)
     return Program(
         values=values, equations=equations, args=prog.args, consts=prog.consts, const_values=prog.const_values,
         outputs=prog.outputs, in_tree=prog.in_tree, out_tree=prog.out_tree, arg_paths=prog.arg_paths,
         out_paths=prog.out_paths, arg_counts=prog.arg_counts, name=prog.name, scans=scans, carries=carries,
         aliases=aliases,
     )
+
+
+def _unique_key(e: Equation) -> None:
+    if e.key is not None and "@" not in e.key:
+        e.key = f"{e.key}@{e.index}"
 
