@@ -123,11 +123,12 @@ def gpt_batch(cfg: GPTConfig, key: Any = None, abstract: bool = False) -> dict[s
     }
 
 
-def make_gpt_step(cfg: GPTConfig, learning_rate: float = 1e-3, loss_fn: Any = None) -> tuple[Any, Any]:
+def make_gpt_step(cfg: GPTConfig, learning_rate: float = 1e-3, loss_fn: Any = None,
+                  eps: float = 1e-8) -> tuple[Any, Any]:
     """(optimizer, step): step(state, batch) -> (state, loss), state = (params, opt_state)."""
     import optax
 
-    opt = optax.adamw(learning_rate, weight_decay=0.01)
+    opt = optax.adamw(learning_rate, eps=eps, weight_decay=0.01)
     loss_fn = loss_fn or gpt_loss
 
     def step(state: tuple[Any, Any], batch: dict[str, jax.Array]) -> tuple[tuple[Any, Any], jax.Array]:

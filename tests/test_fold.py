@@ -60,20 +60,11 @@ def test_folded_training_step_keeps_leaves_apart():
     import sys
     from pathlib import Path
 
-    import optax
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    from models import GPTConfig, gpt_batch, gpt_loss, gpt_params
+    from models import GPTConfig, gpt_batch, gpt_params, make_gpt_step
 
     cfg = GPTConfig(layers=4, d_model=64, heads=4, mlp=256, vocab=128, seq=16, batch=8, embed="onehot")
-    opt = optax.adamw(1e-3, eps=1e-4)  # see test_training: keeps the comparison about shardsat
-
-    def train(state, batch):
-        params, opt_state = state
-        loss, grads = jax.value_and_grad(gpt_loss)(params, batch, cfg.embed)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
-
+    opt, train = make_gpt_step(cfg, eps=1e-4)  # see test_training: keeps the comparison about shardsat
     params = gpt_params(cfg, jax.random.key(0))
     state = (params, opt.init(params))
     batch = gpt_batch(cfg, jax.random.key(1))

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import optax
 import pytest
 from helpers import assert_hlo_matches
 from jax.sharding import PartitionSpec as P
@@ -107,16 +106,7 @@ def test_iterated_steps_match_unsharded(data8):
     # turn summation-order rounding (which differs between any two compilations) into O(lr)
     # update differences. eps=1e-4 keeps the comparison about shardsat, not about Adam's noise.
     cfg = GPTConfig(layers=1, d_model=64, heads=4, mlp=128, vocab=256, seq=16, batch=8, embed="onehot")
-    opt = optax.adamw(1e-3, eps=1e-4, weight_decay=0.01)
-
-    def train_step(state, batch):
-        from models import gpt_loss
-
-        params, opt_state = state
-        loss, grads = jax.value_and_grad(gpt_loss)(params, batch, cfg.embed)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
-
+    opt, train_step = make_gpt_step(cfg, eps=1e-4)
     params = gpt_params(cfg, jax.random.key(0))
     state = (params, opt.init(params))
     batch = gpt_batch(cfg, jax.random.key(1))
