@@ -28,10 +28,6 @@ class NodeKind(enum.IntEnum):
     OTHER = 7
 
     @property
-    def is_collective(self) -> bool:
-        return self in (NodeKind.ALL_GATHER, NodeKind.ALL_REDUCE, NodeKind.REDUCE_SCATTER, NodeKind.ALL_TO_ALL)
-
-    @property
     def is_reshard(self) -> bool:
         return NodeKind.ALL_GATHER <= self <= NodeKind.ALL_TO_ALL
 
@@ -80,13 +76,6 @@ class ExportedGraph:
     def children(self, n: int) -> np.ndarray:
         return self.child_idx[self.child_ptr[n] : self.child_ptr[n + 1]]
 
-    def class_of(self, value: int, layout: int) -> int | None:
-        return self._lookup.get((self.value_group[value], layout))
-
-    def __post_init__(self) -> None:
-        self._lookup = {
-            (int(g), int(lay)): c for c, (g, lay) in enumerate(zip(self.class_group, self.class_layout, strict=True))
-        }
 
 
 def _egg_name(egraph: EGraph, fn: Any) -> str:

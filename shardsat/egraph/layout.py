@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, PartitionSpec
 
 from ..errors import InvalidMeshError
 from .program import is_extended, itemsize
@@ -234,7 +234,3 @@ def auto_mesh(mesh: Mesh) -> Mesh:
     if all(t == AxisType.Auto for t in mesh.axis_types):
         return mesh
     return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
-
-
-def named_sharding(mesh: Mesh, layout: Layout, axes: MeshAxes) -> NamedSharding:
-    return NamedSharding(mesh, layout.spec(axes))

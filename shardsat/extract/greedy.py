@@ -170,11 +170,6 @@ class Extractor:
                 if all(self.rank[int(g.class_group[c])] < r for c in self.kids[n])
             ]
 
-    def _row(self, c: int) -> tuple[SpacePaths, int]:
-        grp = int(self.g.class_group[c])
-        sp = self.paths[self.group_key[grp]]
-        return sp, sp.index[int(self.g.class_layout[c])]
-
     # -- resharding trees -----------------------------------------------------------------------
     def steiner(self, grp: int, src_layout: int, targets: frozenset[int]) -> tuple[float, tuple[tuple[int, int], ...]]:
         """Cost and edges (row pairs) of the union of cheapest paths src -> each target."""

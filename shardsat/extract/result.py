@@ -41,7 +41,6 @@ class Extraction:
     method: str
     seconds: float
     sweeps: int = 0
-    lower_bound_s: float | None = None
     notes: list[str] = field(default_factory=list)
     gap: float | None = None  # relative optimality gap when the exact solver ran (0: optimal)
     alternatives: dict[int, tuple[int, float]] = field(default_factory=dict)  # group -> (layout, extra s)

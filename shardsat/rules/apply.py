@@ -68,7 +68,7 @@ def _eqn_types(prog: Program, eqn: Equation) -> EqnTypes:
     )
 
 
-def _content_key(eqn: Equation, t: EqnTypes, prog: Program | None = None) -> str:
+def _content_key(eqn: Equation, t: EqnTypes) -> str:
     if eqn.key is not None:
         return eqn.key
     eqn.key = equation_key(eqn, t.in_shapes, t.in_dtypes, t.out_shapes, t.out_dtypes, t.literal, t.literal_values)

@@ -373,15 +373,6 @@ def top_k(t: EqnTypes) -> FactorSignature:
     return replicated(t)
 
 
-def _top_k_batched(t: EqnTypes) -> FactorSignature:  # kept for when XLA partitions top_k locally
-    rank = len(t.in_shapes[0])
-    fac = _dims("d", rank)
-    operand = (*tuple((f,) for f in fac[:-1]), ("kin",))
-    result = (*tuple((f,) for f in fac[:-1]), ("kout",))
-    return _sig(t, [operand], [result] * len(t.out_shapes), need_replication=frozenset({"kin", "kout"}),
-                sizes={"kin": t.in_shapes[0][-1], "kout": t.out_shapes[0][-1]})
-
-
 def split(t: EqnTypes) -> FactorSignature:
     axis = int(t.params["axis"])
     rank = len(t.in_shapes[0])
