@@ -117,8 +117,9 @@ def saturate_and_extract(
     # role stand for that many arrays: weight their nodes accordingly
     weight = np.ones(graph.num_groups)
     stand_for: dict[int, int] = {}
-    for a in program.aliases:
-        stand_for[program.alias(a)] = stand_for.get(program.alias(a), 1) + 1
+    for a in program.aliases:  # a representative counts itself only if it is a real array
+        rep = program.alias(a)
+        stand_for[rep] = stand_for.get(rep, 0 if program.is_folded_body(rep) else 1) + 1
     for grp, vids in enumerate(graph.group_values):
         if vids:
             weight[grp] = max(max(program.region_multiplicity(program.values[v].region), stand_for.get(v, 1))

@@ -151,6 +151,11 @@ class Program:
             vid = self.aliases[vid]
         return vid
 
+    def is_folded_body(self, vid: int) -> bool:
+        """A value of a folded loop's body: it stands for its repeats' arrays, not one of its own."""
+        r = self.values[vid].region
+        return r is not None and bool(self.scans[r].params.get("folded"))
+
     def region_multiplicity(self, region: int | None) -> int:
         return 1 if region is None else self.scans[region].multiplicity
 
