@@ -39,6 +39,9 @@ from .result import Extraction, GroupChoice, ReshardStep
 # A move must save more than this many seconds (plus a relative 1e-9) to be taken: float noise
 # must never make two plans look better than each other in turn.
 EPS = 1e-12
+# space moves: rounds per run, and the heaviest tensor spaces tried in each
+MAX_SPACE_ROUNDS = 4
+MAX_SPACES = 16
 
 
 @dataclass
@@ -331,6 +334,7 @@ class Extractor:
                 self.prod[h] = nodes
         # 3. improvement: exact single-value moves, then exact chain re-labelling (Viterbi)
         sweeps = 0
+        space_rounds = 0
         chain_list = self._chains(choice, demand) if chains else []
         dirty = set(choice)
         while dirty and sweeps < max_sweeps and time.perf_counter() < deadline:
@@ -353,6 +357,10 @@ class Extractor:
                 if (h in dirty or not dirty.isdisjoint(outs)) and self._move_tie(h, rs, roots, root_layouts, choice,
                                                                                   demand):
                     changed.update({h} | outs)
+            if not changed and space_rounds < MAX_SPACE_ROUNDS and time.perf_counter() < deadline:
+                # a local optimum: try moving whole tensor spaces (a residual stream) at once
+                space_rounds += 1
+                changed = self._space_moves(roots, root_layouts, choice, demand, deadline)
             dirty = set()
             for grp in changed:
                 dirty.add(grp)
@@ -428,6 +436,116 @@ class Extractor:
         self.prod[h] = [node]
         if h in choice:
             choice[h] = node
+
+    # -- space moves -----------------------------------------------------------------------------
+    def _space_moves(self, roots: Sequence[tuple[int, frozenset[int] | None]], root_layouts: list[int],
+                     choice: dict[int, int], demand: list[Counter[int]], deadline: float) -> set[int]:
+        """Move every complete value of one tensor space (shape, dtype) to one layout at once,
+        heaviest spaces first, keeping each move that lowers the exact DAG cost. Single-value and
+        chain moves cannot leave a local optimum where a whole residual stream (and the loop
+        carry that holds it) sits in a poor layout: each value alone would pay resharding on
+        both sides."""
+        g = self.g
+        by_space: dict[tuple[int, bool], list[int]] = {}
+        for grp in choice:
+            if self.group_space[grp] >= 0:
+                by_space.setdefault(self.group_key[grp], []).append(grp)
+        size = {key: float(np.prod(self.spaces.spaces[key[0]].shape or (1,))) for key in by_space}
+        ranked = sorted((key for key, grps in by_space.items() if len(grps) >= 2),
+                        key=lambda key: (-size[key] * sum(self.weight[x] for x in by_space[key]), key))
+        tie_roots: dict[int, list[int]] = {h: rs for h, rs in self.roots_of.items() if h in self.place_of}
+        layout_of = lambda n: int(g.class_layout[g.node_class[n]])  # noqa: E731
+        changed: set[int] = set()
+        for key in ranked[:MAX_SPACES]:
+            if time.perf_counter() >= deadline:
+                break
+            groups = sorted((x for x in by_space[key] if not self.spaces.layouts[layout_of(choice[x])].partial),
+                            key=lambda x: self.rank[x])
+            if len(groups) < 2:
+                continue
+            targets = sorted(lay for lay in {layout_of(n) for x in groups for n in self.prod[x]}
+                             if not self.spaces.layouts[lay].partial)
+            at: dict[int, dict[int, list[int]]] = {}  # group -> layout -> productions
+            for x in groups:
+                for n in self.prod[x]:
+                    at.setdefault(x, {}).setdefault(layout_of(n), []).append(n)
+            best_gain, best_plan = EPS, None
+            for b in targets:
+                if time.perf_counter() >= deadline:
+                    break
+                plan = self._space_plan(groups, b, roots, tie_roots, choice, at)
+                if not plan:
+                    continue
+                gain = self._try_moves(plan, roots, root_layouts, tie_roots, choice, demand, keep=False)
+                if gain > best_gain:
+                    best_gain, best_plan = gain, plan
+            if best_plan is not None:
+                self._try_moves(best_plan, roots, root_layouts, tie_roots, choice, demand, keep=True)
+                changed.update(best_plan)
+        return changed
+
+    def _space_plan(self, groups: list[int], b: int, roots: Sequence[tuple[int, frozenset[int] | None]],
+                    tie_roots: dict[int, list[int]], choice: dict[int, int],
+                    at: dict[int, dict[int, list[int]]]) -> dict[int, int]:
+        """For each group (in order), the production in layout b that is cheapest given the
+        groups before it already moved; groups with none in b stay."""
+        g = self.g
+        moved: dict[int, int] = {}
+        for grp in groups:
+            if grp in self.place_of:
+                node = self.place_of[grp].get(b)
+                rs = tie_roots.get(grp, [])
+                if node is None or any(roots[r][1] is not None and b not in roots[r][1] for r in rs) or any(
+                        (roots[r][0], b) not in self._class_at for r in rs):
+                    continue
+                if node != choice.get(grp):
+                    moved[grp] = node
+                continue
+            best_n, best_v = -1, math.inf
+            for n in at.get(grp, {}).get(b, ()):
+                v = float(self.cost[n])
+                for h, lays in self._demands(n).items():
+                    if h not in choice:
+                        v = math.inf
+                        break
+                    src = moved.get(h, choice[h])
+                    v += self.weight[h] * self.steiner(h, int(g.class_layout[g.node_class[src]]), frozenset(lays))[0]
+                if v < best_v:
+                    best_n, best_v = n, v
+            if best_n >= 0 and best_n != choice[grp]:
+                moved[grp] = best_n
+        return moved
+
+    def _try_moves(self, plan: dict[int, int], roots: Sequence[tuple[int, frozenset[int] | None]],
+                   root_layouts: list[int], tie_roots: dict[int, list[int]], choice: dict[int, int],
+                   demand: list[Counter[int]], keep: bool) -> float:
+        """Apply the moves, return the exact saving; undo them unless `keep`."""
+        g = self.g
+        touched = set(plan)
+        for grp, n in plan.items():
+            touched |= set(self._demands(choice[grp])) | set(self._demands(n))
+            touched |= {roots[r][0] for r in tie_roots.get(grp, [])}
+        touched = {x for x in touched if x in choice}
+        before = self._cost_of(touched, choice, demand)
+        old = {grp: choice[grp] for grp in plan}
+        old_roots = {grp: [root_layouts[r] for r in tie_roots.get(grp, [])] for grp in plan}
+
+        def put(nodes: dict[int, int]) -> None:
+            for grp, n in nodes.items():
+                if grp in self.place_of:
+                    self._retie(grp, tie_roots.get(grp, []), roots, int(g.node_b[n]), n, root_layouts, choice, demand)
+                else:
+                    self._set([grp], [n], choice, demand)
+
+        put(plan)
+        after = self._cost_of(touched, choice, demand)
+        gain = before - after - 1e-9 * before
+        if not keep or not (gain > EPS):
+            put(old)
+            for grp, lays in old_roots.items():
+                for r, lay in zip(tie_roots.get(grp, []), lays, strict=True):
+                    assert root_layouts[r] == lay
+        return gain
 
     # -- chain moves -----------------------------------------------------------------------------
     def _demands(self, n: int) -> dict[int, tuple[int, ...]]:
