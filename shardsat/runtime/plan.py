@@ -445,12 +445,13 @@ class Plan:
                 node = ex.choices[grp].node
                 f = sum(self.model.local_work(self.tables.output_key[eqn.outputs[k]], int(self.graph.node_a[node]))[1]
                         for k, _ in r.outputs)
-                flops += f
+                times = ex.choices[grp].weight  # a scan or folded loop body runs once per iteration
+                flops += f * times
                 o = eqn.outputs[r.outputs[0][0]]
                 if after[o] and not before[o] and to_state[o] and eqn.name in ELEMENTWISE_SET:
-                    update += f
+                    update += f * times
                     info, _ = self.tables.info(self.tables.output_key[o])
-                    update_full += info.signature.flops
+                    update_full += info.signature.flops * times
         return PlanCost(compute, comm, compute + comm, colls, arg_bytes, out_bytes, by_path, memory, flops, update,
                         update_full)
 
