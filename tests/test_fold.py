@@ -8,6 +8,7 @@ from helpers import assert_equivalent
 import shardsat
 from shardsat.egraph.fold import find_runs, fold
 from shardsat.egraph.program import trace
+from shardsat.testing import check_collectives
 
 
 def mlp(p, x):
@@ -73,3 +74,7 @@ def test_folded_training_step_keeps_leaves_apart():
                                          fold_loops=True)
     assert len(plan.program.scans) > 2
     assert_equivalent(plan, train, state, batch)
+    # every repeat a folded loop replays reads its inputs in the body's layouts: the compiled HLO
+    # holds exactly the collectives the plan predicts (layer 0's backward differs, and the
+    # optimizer's layer-0 update runs unfolded rather than reading its gradient off the model)
+    check_collectives(plan, state, batch)

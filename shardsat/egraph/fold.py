@@ -12,6 +12,7 @@ same layouts (the periodic optimum) and the runtime replays the original repeats
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from .keys import program_key
@@ -191,6 +192,23 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]])
             i += 1
             continue
         run, slots = run_at[i]
+        trimmed = _trim(prog, run, slots, root, values)
+        if trimmed is None:  # its repeats read per-layer inputs they cannot share: run unfolded
+            for k in range(run.start, run.start + run.period * run.repeats):
+                e = prog.equations[k]
+                emit(e, list(e.inputs), list(e.outputs), None)
+            i = run.start + run.period * run.repeats
+            continue
+        if trimmed != run:
+            # repeats reading a per-layer input the others do not share run unfolded (on the model)
+            for k in range(run.start, trimmed.start):
+                e = prog.equations[k]
+                emit(e, list(e.inputs), list(e.outputs), None)
+            i = trimmed.start
+            new_slots = _classify(prog, trimmed)
+            if new_slots is None or not _check_carries(new_slots):
+                continue  # the rest runs unfolded too
+            run, slots = trimmed, new_slots
         s = len(scans)
         reg = ScanRegion(index=s, length=run.repeats, reverse=False, parent=None, multiplicity=run.repeats,
                          init=[], carry_in=[], carry_out=[], final=[], xs=[], slices=[], ys=[], stacked=[],
@@ -270,6 +288,31 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]])
         out_paths=prog.out_paths, arg_counts=prog.arg_counts, name=prog.name, scans=scans, carries=carries,
         aliases=aliases,
     )
+
+
+def _trim(prog: Program, run: Run, slots: dict[tuple[int, int], Slot], root: Callable[[int], int],
+          values: list[ValueInfo]) -> Run | None:
+    """The run without its first or last repeats where they read a per-layer input that is
+    produced elsewhere (layer 0's weight gradient, when layer 0's backward differs): such a
+    repeat cannot share the body's layouts on the model. None if such repeats sit in the middle,
+    or too few repeats would be left: the run is then not folded."""
+    bad: set[int] = set()
+    for slot in slots.values():
+        if slot.kind != "xs":
+            continue
+        roots = [root(m) for m in slot.values]
+        rep = max(dict.fromkeys(roots), key=roots.count)
+        bad.update(j for j, r in enumerate(roots) if r != rep and values[r].producer is not None)
+    if not bad:
+        return run
+    lo, hi = 0, run.repeats
+    while lo in bad:
+        lo += 1
+    while hi - 1 in bad:
+        hi -= 1
+    if any(lo <= j < hi for j in bad) or hi - lo < MIN_REPEATS or run.period * (hi - lo) < 8:
+        return None
+    return Run(run.index(lo, 0), run.period, hi - lo)
 
 
 def _unique_key(e: Equation) -> None:
