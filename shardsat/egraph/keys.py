@@ -2,15 +2,20 @@
 
 Equations with equal keys compute the same function of their operands, so they share one set of
 strategy rows, hash-cons into one e-class when their operands are equal, and mark the repeats
-of an unrolled loop (egraph/fold.py). Params whose equality cannot be trusted (jaxprs,
-callables) make a key unique to its equation.
+of an unrolled loop (egraph/fold.py). Keys must be equal across processes, so nothing in them
+may depend on memory addresses: functions are named by module, qualname and line (with their
+closures and defaults), jaxprs by their printed text, pytree structures and Shardy rules by
+their text. Params whose equality cannot be trusted make a key unique to its equation.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
+import re
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,17 +44,60 @@ def _canon(x: Any) -> str | None:
         return repr(x.tolist()) + str(x.dtype)
     if isinstance(x, np.generic):
         return repr(x.item()) + str(x.dtype)
+    if isinstance(x, types.FunctionType | types.MethodType | functools.partial):
+        return _canon_callable(x)
+    if hasattr(x, "operand_mappings") and hasattr(x, "result_mappings"):  # Shardy's SdyShardingRule
+        return _canon((type(x).__name__, tuple(x.operand_mappings), tuple(x.result_mappings),
+                       tuple(sorted(dict(x.factor_sizes).items())), tuple(x.reduction_factors),
+                       tuple(x.need_replication_factors), tuple(getattr(x, "permutation_factors", ()))))
     try:
         import jax
+        from jax.extend import core as jcore
 
         if isinstance(x, jax.sharding.PartitionSpec | jax.sharding.NamedSharding):
             return str(x)
+        if isinstance(x, jcore.ClosedJaxpr):
+            consts = _canon(tuple(x.consts))
+            return None if consts is None else _no_address(f"{x.jaxpr}|{consts}")
+        if isinstance(x, jcore.Jaxpr) or type(x).__name__ == "PyTreeDef":
+            return _no_address(str(x))
         if hasattr(x, "dtype") and hasattr(x, "shape") and np.size(x) <= 16:
             return repr(np.asarray(x).tolist()) + str(x.dtype)
     except Exception:  # pragma: no cover - defensive
         return None
     return None
 
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
+_ACTIVE: set[int] = set()  # callables being canonicalised (a closure may hold its own function)
+
+
+def _no_address(text: str) -> str | None:
+    """The text, unless it shows a memory address (then it differs between processes)."""
+    return None if _ADDRESS.search(text) else text
+
+
+def _canon_callable(f: Any) -> str | None:
+    """A function by module, qualname and first line, plus its defaults and closure values (two
+    closures of one factory are different functions); a partial by its function and arguments."""
+    if isinstance(f, functools.partial):
+        return _canon(("partial", f.func, f.args, tuple(sorted(f.keywords.items()))))
+    if isinstance(f, types.MethodType):
+        return _canon(("method", f.__func__, f.__self__))
+    code = getattr(f, "__code__", None)
+    name = f"{getattr(f, '__module__', None)}.{getattr(f, '__qualname__', None)}:{getattr(code, 'co_firstlineno', 0)}"
+    if id(f) in _ACTIVE:
+        return name
+    _ACTIVE.add(id(f))
+    try:
+        cells = tuple(c.cell_contents for c in f.__closure__ or ())
+    except ValueError:  # an empty cell
+        return None
+    try:
+        rest = _canon((f.__defaults__ or (), tuple(sorted((f.__kwdefaults__ or {}).items())), cells))
+    finally:
+        _ACTIVE.discard(id(f))
+    return None if rest is None else f"fn:{name}{rest}"
 
 
 def equation_key(eqn: Equation, in_shapes: Sequence[tuple[int, ...]], in_dtypes: Sequence[Any],
