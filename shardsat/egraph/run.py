@@ -98,7 +98,10 @@ class EGraphRun:
         self.keys: dict[int, str] = {}  # value id -> key of its defining equation output
 
     def close(self) -> None:
+        """Free the e-graph here: egglog's EGraph may only be dropped on the thread that made it,
+        and a garbage collection may run on an XLA thread (in a custom_partitioning callback)."""
         self._tmp.cleanup()
+        del self.egraph
 
     # -- loading -------------------------------------------------------------------------------
     def load(self, table: Callable[..., Any], rows: Iterable[Sequence[Any]]) -> int:
