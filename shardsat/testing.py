@@ -165,7 +165,10 @@ def check_rule(
     except ImportError as e:  # pragma: no cover
         raise ShardsatError("check_rule needs hypothesis: pip install hypothesis") from e
     params = dict(params or {})
-    if apply is None:
+    if apply is None and not hasattr(rule.primitive, "bind"):  # a custom_partitioning function
+        def apply(*xs: Any, **kw: Any) -> Any:
+            return rule.primitive(*xs)
+    elif apply is None:
         def apply(*xs: Any, **kw: Any) -> Any:
             return rule.primitive.bind(*xs, **{**params, **kw})
     usable = [m for m in meshes if _mesh(m) is not None]

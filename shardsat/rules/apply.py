@@ -20,7 +20,7 @@ from ..egraph.program import Equation, Literal, Program
 from ..egraph.run import EGraphRun, SaturationReport
 from ..errors import InvalidArgumentError, InvalidSignatureError, UnsupportedPrimitiveError
 from ..limits import Limits
-from . import generic
+from . import custom, generic
 from .primitives import EqnTypes, replicated
 from .registry import SIGNATURES, UNSUPPORTED
 from .reshard import ReshardEdge, reshard_edges
@@ -78,6 +78,8 @@ def _content_key(eqn: Equation, t: EqnTypes) -> str:
 def signature_for(eqn: Equation, t: EqnTypes, fallback: str | None) -> tuple[FactorSignature, bool]:
     builder = SIGNATURES.get(eqn.name)
     reason = UNSUPPORTED.get(eqn.name)
+    if eqn.name == custom.PRIMITIVE:  # rules are per function, not per primitive
+        builder, reason = custom.builder_for(eqn.params, builder)
     if builder is not None:
         try:
             return builder(t), False

@@ -129,10 +129,12 @@ def parse_tensors(text: str, name: str) -> list[TensorFactors]:
 
 
 def infer_sizes(
-    tensors: Sequence[TensorFactors], shapes: Sequence[tuple[int, ...]], name: str
+    tensors: Sequence[TensorFactors], shapes: Sequence[tuple[int, ...]], name: str,
+    known: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
-    """Factor sizes from shapes: plain dims first, then compound dims with one unknown factor."""
-    sizes: dict[str, int] = {}
+    """Factor sizes from shapes: plain dims first, then compound dims with one unknown factor.
+    `known` gives sizes of factors that only appear inside compound dims."""
+    sizes: dict[str, int] = dict(known or {})
     pending: list[tuple[DimFactors, int]] = []
     for t, shape in zip(tensors, shapes, strict=True):
         if len(t) != len(shape):

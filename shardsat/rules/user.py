@@ -14,7 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from jax.experimental.custom_partitioning import custom_partitioning
+
 from ..errors import InvalidSignatureError
+from . import custom
 from .primitives import EqnTypes
 from .registry import SIGNATURES, UNSUPPORTED
 from .signature import FactorSignature, TensorFactors, factors_of, infer_sizes, parse_tensors
@@ -24,7 +27,7 @@ from .signature import FactorSignature, TensorFactors, factors_of, infer_sizes, 
 class SignatureRule:
     """A registered signature; `check_rule` (shardsat.testing) tests it numerically."""
 
-    primitive: Any  # the jax.extend Primitive (or its name)
+    primitive: Any  # the jax.extend Primitive (or its name), or a custom_partitioning function
     name: str
     spec: str
     operands: tuple[TensorFactors, ...]
@@ -81,9 +84,13 @@ def register_signature(
     need_replication_factors: factors that may not be sharded (a normalisation over them, a
       sort, a window).
     linear: groups of operand positions through which a pending partial sum passes unchanged.
+    `primitive` may be a `custom_partitioning` function (after `def_partition`): the rule then
+    applies to its calls only, in place of its own sharding_rule, and its reduction factors and
+    linear groups are kept whole there (its partition callback returns complete results).
     Raises InvalidSignatureError naming the rule if the spec is malformed.
     """
-    name = getattr(primitive, "name", None) or str(primitive)
+    cp = isinstance(primitive, custom_partitioning)
+    name = _cp_name(primitive) if cp else getattr(primitive, "name", None) or str(primitive)
     where = f"rule `{name}` ({spec!r})"
     if "->" not in spec:
         raise InvalidSignatureError(f"{where} needs '->' between operands and results.")
@@ -111,6 +118,20 @@ def register_signature(
         reduction=frozenset(reduction_factors), need_replication=frozenset(need_replication_factors),
         linear=tuple(tuple(int(i) for i in g) for g in linear), flops_per_element=flops_per_element,
     )
+    if cp:
+        # calls carry the partition callback, not the function: find the rule by the callback
+        custom.FUNCTION_RULES[primitive.partition] = rule.builder
+        return rule
     SIGNATURES[name] = rule.builder
     UNSUPPORTED.pop(name, None)
     return rule
+
+
+def _cp_name(fn: Any) -> str:
+    """A custom_partitioning function's name; it must have its partition callback already."""
+    name = getattr(fn.fun, "__qualname__", None) or repr(fn.fun)
+    if getattr(fn, "partition", None) is None:
+        raise InvalidSignatureError(
+            f"custom_partitioning function `{name}` has no partition callback yet; consider calling "
+            "`def_partition(...)` before shardsat.register_signature().")
+    return name
