@@ -124,10 +124,20 @@ class Extractor:
             self.prod[grp].append(n)
             self.kids[n] = tuple(int(c) for c in g.children(n))
         self._order()
+        # hot loops index Python lists: numpy scalar indexing costs ~10x a list lookup
+        self.node_layout: list[int] = g.class_layout[g.node_class].tolist()
+        self.cost_l: list[float] = np.asarray(self.cost, dtype=float).tolist()
+        self.weight_l: list[float] = np.asarray(self.weight, dtype=float).tolist()
+        self.kid_gl: dict[int, tuple[tuple[int, int], ...]] = {
+            n: tuple((int(g.class_group[c]), int(g.class_layout[c])) for c in kids) for n, kids in self.kids.items()}
+        self.group_pk: list[int] = [0] * G
+        pk_index: dict[tuple[int, bool], int] = {}
+        for grp, key in enumerate(self.group_key):
+            self.group_pk[grp] = pk_index.setdefault(key, len(pk_index))
         self._demand_memo: dict[int, dict[int, tuple[int, ...]]] = {}
         self._class_at = {(int(grp), int(lay)) for grp, lay in zip(g.class_group, g.class_layout, strict=True)}
         self.place_of = {}
-        self._steiner_memo: dict[tuple[tuple[int, bool], int, frozenset[int]], tuple[float, tuple[tuple[int, int], ...]]] = {}
+        self._steiner_memo: dict[tuple[int, int, frozenset[int]], tuple[float, tuple[tuple[int, int], ...]]] = {}
 
     # -- structure -------------------------------------------------------------------------------
     def _order(self) -> None:
@@ -176,12 +186,11 @@ class Extractor:
     # -- resharding trees -----------------------------------------------------------------------
     def steiner(self, grp: int, src_layout: int, targets: frozenset[int]) -> tuple[float, tuple[tuple[int, int], ...]]:
         """Cost and edges (row pairs) of the union of cheapest paths src -> each target."""
-        pkey = self.group_key[grp]
-        key = (pkey, src_layout, targets)
+        key = (self.group_pk[grp], src_layout, targets)
         hit = self._steiner_memo.get(key)
         if hit is not None:
             return hit
-        sp = self.paths[pkey]
+        sp = self.paths[self.group_key[grp]]
         s = sp.index[src_layout]
         used: set[tuple[int, int]] = set()
         total = 0.0
@@ -332,6 +341,25 @@ class Extractor:
         for h, nodes in released.items():
             if h not in self.place_of:
                 self.prod[h] = nodes
+        return self._finish(roots, root_layouts, choice, demand, deadline, max_sweeps, explain, chains, t0)
+
+    def resume(self, ex: Extraction, roots: Sequence[tuple[int, frozenset[int] | None]], deadline: float,
+               max_sweeps: int = 500, explain: bool = True, chains: bool = True) -> Extraction:
+        """Continue improving a plan this extractor found (same roots and ties), e.g. with the
+        chain moves a cheap first run left out."""
+        t0 = time.perf_counter()
+        choice, demand, prod, place_of, root_layouts = ex.state
+        self.prod, self.place_of = [list(p) for p in prod], dict(place_of)
+        out = self._finish(roots, list(root_layouts), dict(choice), [c.copy() for c in demand], deadline,
+                           max_sweeps, explain, chains, t0)
+        out.sweeps += ex.sweeps
+        return out
+
+    def _finish(self, roots: Sequence[tuple[int, frozenset[int] | None]], root_layouts: list[int],
+                choice: dict[int, int], demand: list[Counter[int]], deadline: float, max_sweeps: int,
+                explain: bool, chains: bool, t0: float) -> Extraction:
+        g = self.g
+        cls_layout = g.class_layout
         # 3. improvement: exact single-value moves, then exact chain re-labelling (Viterbi)
         sweeps = 0
         space_rounds = 0
@@ -367,7 +395,8 @@ class Extractor:
                 dirty.update(self._demands(choice[grp]))
                 dirty.update(self.parents[grp])
         # 4. result, and for each value the cheapest plan that differs in its layout ("why this")
-        state = (dict(choice), [c.copy() for c in demand], [list(p) for p in self.prod], dict(self.place_of))
+        # the next run rebinds (never mutates) these: the state needs no copy
+        state = (choice, demand, self.prod, self.place_of, root_layouts)
         alternatives = self._alternatives(state) if explain else {}
         choices: dict[int, GroupChoice] = {}
         total = 0.0
@@ -626,6 +655,8 @@ class Extractor:
             return v
 
         layout_of = lambda n: int(g.class_layout[g.node_class[n]])  # noqa: E731
+        steiner = self.steiner
+        fixed_sets = [frozenset(f) for f in fixed]
         best: list[dict[int, tuple[float, int]]] = []  # per position: layout -> (value, node)
         back: list[dict[int, int]] = []  # per position: node -> predecessor node
         for i, grp in enumerate(chain):
@@ -641,9 +672,10 @@ class Extractor:
                     if need not in w_memo:
                         prev = chain[i - 1]
                         bv, bn = math.inf, -1
+                        t = fixed_sets[i - 1] | frozenset(need)
+                        wp = float(self.weight[prev])
                         for lay, (val, pn) in best[i - 1].items():
-                            t = frozenset(fixed[i - 1]) | frozenset(need)
-                            tot = val + (self.weight[prev] * self.steiner(prev, lay, t)[0] if t else 0.0)
+                            tot = val + (wp * steiner(prev, lay, t)[0] if t else 0.0)
                             if tot < bv:
                                 bv, bn = tot, pn
                         w_memo[need] = (bv, bn)
@@ -684,16 +716,16 @@ class Extractor:
         return False
 
     def _set(self, groups: list[int], nodes: list[int], choice: dict[int, int], demand: list[Counter[int]]) -> None:
-        g = self.g
+        kid_gl = self.kid_gl
         for grp, n in zip(groups, nodes, strict=True):
-            for c in self.kids[choice[grp]]:
-                h, lay = int(g.class_group[c]), int(g.class_layout[c])
-                demand[h][lay] -= 1
-                if demand[h][lay] <= 0:
-                    del demand[h][lay]
+            for h, lay in kid_gl[choice[grp]]:
+                d = demand[h]
+                d[lay] -= 1
+                if d[lay] <= 0:
+                    del d[lay]
             choice[grp] = n
-            for c in self.kids[n]:
-                demand[int(g.class_group[c])][int(g.class_layout[c])] += 1
+            for h, lay in kid_gl[n]:
+                demand[h][lay] += 1
 
     def _cost_of(self, groups: set[int], choice: dict[int, int], demand: list[Counter[int]]) -> float:
         total = 0.0
@@ -704,11 +736,10 @@ class Extractor:
         return total
 
     def _own(self, grp: int, n: int, targets: frozenset[int]) -> float:
-        lay = int(self.g.class_layout[self.g.node_class[n]])
-        return float(self.cost[n]) + self.weight[grp] * self.steiner(grp, lay, targets)[0]
+        return self.cost_l[n] + self.weight_l[grp] * self.steiner(grp, self.node_layout[n], targets)[0]
 
     def _alternatives(self, state: Any) -> dict[int, tuple[int, float]]:
-        choice, demand, prod, place_of = state
+        choice, demand, prod, place_of, _ = state
         self.prod, self.place_of = [list(p) for p in prod], dict(place_of)
         return {grp: alt for grp in choice if (alt := self._alternative(grp, choice, demand)) is not None}
 

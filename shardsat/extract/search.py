@@ -28,6 +28,7 @@ ACTIVATION_WEIGHT = 0.25
 EXACT_AUTO_NODES = 1000
 EXACT_AUTO_SECONDS = 2.0
 SEED_CHAIN_NODES = 100_000
+POLISHED = 2
 
 
 @dataclass
@@ -62,18 +63,24 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
     integer program where it is small enough to pay ("auto") or always ("exact")."""
     ex = Extractor(p.graph, node_cost, p.value_space, p.spaces, p.edges, p.model,
                    describe=p.describe, combinable=p.combinable, weight=p.weight)
-    best = ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, explain=False)
-    spent = best.seconds
+    small = p.graph.num_nodes <= SEED_CHAIN_NODES
+    # every starting point gets single-value and space moves; on big graphs chain moves (the
+    # expensive part) then continue the most promising POLISHED of them
+    runs = [ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, explain=False, chains=small)]
     for seed in p.seeds:
         if time.perf_counter() >= deadline:
             break
-        # seeds are global starting points: single-value moves refine them; chain moves (the
-        # expensive part) are left to the estimate's run unless the graph is small
-        alt = ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, seed=seed, explain=False,
-                     chains=p.graph.num_nodes <= SEED_CHAIN_NODES)
-        spent += alt.seconds
-        if alt.total_s < best.total_s:
-            best = alt
+        runs.append(ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, seed=seed,
+                           explain=False, chains=small))
+    spent = sum(r.seconds for r in runs)
+    if not small:
+        ranked = sorted(range(len(runs)), key=lambda i: (runs[i].total_s, i))
+        for i in ranked[:POLISHED]:
+            if time.perf_counter() >= deadline:
+                break
+            runs[i] = ex.resume(runs[i], p.roots, deadline=deadline, explain=False)
+            spent += runs[i].seconds
+    best = min(runs, key=lambda r: r.total_s)
     t0 = time.perf_counter()
     ex.explain(best)
     spent += time.perf_counter() - t0
