@@ -6,6 +6,7 @@
 """
 
 from .api import saturate_and_extract
+from .egraph.rewrite import Rewrite
 from .errors import (
     InvalidArgumentError,
     InvalidMeshError,
@@ -31,6 +32,7 @@ __all__ = [
     "Plan",
     "PlanCost",
     "Report",
+    "Rewrite",
     "ShardsatError",
     "SignatureRule",
     "StopReason",

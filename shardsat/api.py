@@ -14,6 +14,7 @@ from .egraph.export import export
 from .egraph.fold import fold
 from .egraph.layout import MeshAxes, SpaceTable
 from .egraph.program import Literal, trace
+from .egraph.rewrite import Rewrite, apply_rewrites
 from .egraph.run import EGraphRun
 from .errors import InvalidArgumentError, InvalidMeshError, NoPlanError
 from .extract.cost import CostModel
@@ -42,7 +43,7 @@ def saturate_and_extract(
     profile: DeviceProfile | str | None = None,
     limits: Limits | None = None,
     fallback: str | None = None,
-    rules: Sequence[Ruleset] = (),
+    rules: Sequence[Ruleset | Rewrite] = (),
     in_shardings: Any = None,
     out_shardings: Any = None,
     state_argnums: Any = None,
@@ -59,7 +60,9 @@ def saturate_and_extract(
     limits: bounds on the search (`shardsat.Limits`); the plan's report says which one stopped it.
     fallback: "replicate" keeps equations without a sharding rule replicated (listed in the plan)
       instead of raising UnsupportedPrimitiveError.
-    rules: extra egglog rulesets saturated with the built-in ones.
+    rules: algebraic identities (`shardsat.Rewrite(name, lhs, rhs, example_args)`: each match
+      of lhs in the program gets rhs as an alternative computation, chosen if cheaper when
+      sharded) and extra egglog rulesets saturated with the built-in ones.
     in_shardings / out_shardings: optional pins, pytree prefixes of the arguments (a tuple, one
       entry per positional argument) and of the output, with PartitionSpec / NamedSharding leaves
       as hard constraints and None leaves left free.
@@ -94,6 +97,9 @@ def saturate_and_extract(
     deadline = start + limits.seconds
     shown = Progress(progress)
     program = trace(fn, example_args)
+    rewrites = [r for r in rules if isinstance(r, Rewrite)]
+    rulesets = [r for r in rules if not isinstance(r, Rewrite)]
+    program = apply_rewrites(program, rewrites)
     if fold_loops or (fold_loops is None and len(program.equations) >= FOLD_AUTO_EQUATIONS):
         program = fold(program)
     shown.update("traced", f"{len(program.equations)} equations")
@@ -103,7 +109,7 @@ def saturate_and_extract(
     tie_pairs = resolve_ties(program, state_argnums, program.name)
     run = EGraphRun(program, spaces)
     try:
-        tables, sat = grow(run, fallback=fallback, limits=limits, deadline=deadline, extra=rules,
+        tables, sat = grow(run, fallback=fallback, limits=limits, deadline=deadline, extra=rulesets,
                            on_iteration=lambda it, nodes: shown.update("saturating", f"iteration {it}, {nodes:,} e-nodes"))
         graph = export(run.egraph)
         for a in program.aliases:  # folded loop members take their representative's value group

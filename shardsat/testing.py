@@ -7,8 +7,10 @@ from collections import Counter
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from .egraph.rewrite import Rewrite
 from .errors import ShardsatError
 from .runtime.plan import Plan
 
@@ -164,6 +166,9 @@ def check_rule(
         from hypothesis import strategies as hs
     except ImportError as e:  # pragma: no cover
         raise ShardsatError("check_rule needs hypothesis: pip install hypothesis") from e
+    if isinstance(rule, Rewrite):
+        _check_rewrite(rule, sizes, max_examples, rtol, seed)
+        return
     params = dict(params or {})
     if apply is None and not hasattr(rule.primitive, "bind"):  # a custom_partitioning function
         def apply(*xs: Any, **kw: Any) -> Any:
@@ -278,3 +283,40 @@ def check_reshard_rules(shape: tuple[int, ...], mesh: Any, dtype: Any = np.float
             failures.append(f"{e.kind.name} over {axes.label(e.axes)} from {spaces.layouts[e.src].describe(axes)} to "
                             f"{spaces.layouts[e.dst].describe(axes)} on shape {shape}: relative error {err:.3g}")
     return failures
+
+
+def _check_rewrite(rw: Rewrite, sizes: tuple[int, ...], max_examples: int, rtol: float, seed: int) -> None:
+    """lhs == rhs on random operands. Each distinct size in `example_args` is one independent
+    dimension: hypothesis draws a new size for each and runs both sides on operands of the
+    resulting shapes (shapes the lhs does not apply to are skipped)."""
+    from hypothesis import HealthCheck, assume, given, settings
+    from hypothesis import strategies as hs
+
+    examples = [jax.ShapeDtypeStruct(np.shape(a), getattr(a, "dtype", np.float32)) for a in rw.example_args]
+    distinct = sorted({d for a in examples for d in a.shape})
+
+    @settings(max_examples=max_examples, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(hs.lists(hs.sampled_from(sizes), min_size=len(distinct), max_size=len(distinct)))
+    def prop(drawn: list[int]) -> None:
+        to = dict(zip(distinct, drawn, strict=True))
+        shapes = [tuple(to[d] for d in a.shape) for a in examples]
+        keys = jax.random.split(jax.random.key(seed), max(1, len(shapes)))
+        xs = [jax.random.normal(k, s).astype(a.dtype) if jnp.issubdtype(a.dtype, jnp.floating)
+              else jax.random.randint(k, s, -4, 4).astype(a.dtype)
+              for k, s, a in zip(keys, shapes, examples, strict=True)]
+        try:
+            want = rw.lhs(*xs)
+        except (TypeError, ValueError):
+            assume(False)
+        got = rw.rhs(*xs)
+        g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        if g.shape != w.shape:
+            raise RuleCheckError(f"Rewrite `{rw.name}`: rhs gives shape {g.shape}, lhs {w.shape} for operand "
+                                 f"shapes {shapes}.")
+        err = float(np.max(np.abs(g - w), initial=0.0)) / (float(np.max(np.abs(w), initial=0.0)) or 1.0)
+        if not err <= rtol:
+            raise RuleCheckError(f"Rewrite `{rw.name}` is wrong for operand shapes {shapes}: rhs differs from lhs "
+                                 f"(relative error {err:.3g} > rtol {rtol}).")
+
+    prop()

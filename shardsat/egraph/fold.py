@@ -286,7 +286,7 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]])
         values=values, equations=equations, args=prog.args, consts=prog.consts, const_values=prog.const_values,
         outputs=prog.outputs, in_tree=prog.in_tree, out_tree=prog.out_tree, arg_paths=prog.arg_paths,
         out_paths=prog.out_paths, arg_counts=prog.arg_counts, name=prog.name, scans=scans, carries=carries,
-        aliases=aliases,
+        aliases=aliases, equivalences=prog.equivalences,
     )
 
 

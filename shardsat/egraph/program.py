@@ -144,6 +144,7 @@ class Program:
     scans: list[ScanRegion] = field(default_factory=list)
     carries: list[int] = field(default_factory=list)  # carry-input values, placed like arguments
     aliases: dict[int, int] = field(default_factory=dict)  # value -> the value whose layout it shares
+    equivalences: list[tuple[int, int]] = field(default_factory=list)  # values a rewrite proved equal
 
     def alias(self, vid: int) -> int:
         """The representative of a folded value (itself if not an alias)."""

@@ -31,6 +31,7 @@ from .schema import (
     SpaceOf,
     Val,
     ValArgT,
+    ValEqT,
     ValInT,
     ValOpT,
     ValSpaceT,
@@ -53,6 +54,7 @@ def _base(id: i64, pos: i64, n: i64, a: i64, sp: i64, lay: i64, key: String) -> 
     yield rule(ValInT(id, pos, a), name="operand").then(
         union(ArgsFrom(id, pos)).with_(VList.cons(Val.ref(a), ArgsFrom(id, pos + 1)))
     )
+    yield rule(ValEqT(id, a), name="equal").then(union(Val.ref(id)).with_(Val.ref(a)))
     yield rule(ValSpaceT(id, sp), name="space").then(set_(SpaceOf(Val.ref(id))).to(sp))
     yield rule(ValArgT(id, pos), ValSpaceT(id, sp), PlaceT(sp, lay), name="place").then(
         union(At(Val.ref(id), lay)).with_(Dist.place(pos, lay))
@@ -142,6 +144,8 @@ class EGraphRun:
         self.load(ValOpT, ops)
         self.load(ValInT, ins)
         self.load(ValSpaceT, enumerate(self.value_space))
+        self.load(ValEqT, sorted({(prog.alias(a), prog.alias(b)) for a, b in prog.equivalences
+                                  if prog.alias(a) != prog.alias(b)}))
         self.load(
             PlaceT,
             ((sp.id, lid) for sp in self.spaces.spaces for lid in sp.layouts

@@ -116,3 +116,4 @@ ValOpT = relation("ValOpT", i64, String, i64)  # (value id, key, operand count)
 ValInT = relation("ValInT", i64, i64, i64)  # (value id, operand position, operand value id)
 ValSpaceT = relation("ValSpaceT", i64, i64)  # (value id, space id)
 PlaceT = relation("PlaceT", i64, i64)  # (space id, layout id) layouts an input may be placed in
+ValEqT = relation("ValEqT", i64, i64)  # (value id, value id) computed alike (a user rewrite)

@@ -222,10 +222,14 @@ class Plan:
                                 self.parent.setdefault(
                                     (m, step.dst), Step(step.src, step.kind, step.axes, step.dim, step.dim2))
         # values the e-graph proved equal (identical equations) are computed once
+        # values the e-graph proved equal (identical equations, or a rewrite's two sides) are
+        # computed once, by an equation of the production the plan chose
         self.canon: dict[int, int] = {}
-        for vids in g.group_values:
+        for grp, vids in enumerate(g.group_values):
+            chosen = self._chosen_base(grp)
             first: dict[int | None, int] = {}
-            for v in vids:  # only within one region: a scan body recomputes per iteration
+            for v in sorted(vids, key=lambda v: (self._base_key(v) != chosen, v)):
+                # only within one region: a scan body recomputes per iteration
                 self.canon[v] = first.setdefault(prog.values[v].region, v)
         for scan in prog.scans:  # a replayed repeat's value is computed once like its body value
             if scan.folded:
@@ -251,9 +255,12 @@ class Plan:
                 if NodeKind(int(g.node_kind[node])) != NodeKind.LOCAL or nkey is None:
                     raise ShardsatError(f"Value {out} is produced by a non-local node; cannot lower.")
                 if nkey.rpartition("#")[0] != okey.rpartition("#")[0]:
+                    if any(self._base_key(v) == nkey.rpartition("#")[0] for v in g.group_values[grp]):
+                        continue  # an equal value's equation (the other side of a rewrite) computes it
                     raise ShardsatError(
                         f"The plan computes `{eqn.name}` at {eqn.source} through a rewritten term "
-                        f"({nkey}); lowering rewritten terms is not supported yet."
+                        f"({nkey}) that no equation of the program computes; write the rewrite as a "
+                        f"shardsat.Rewrite so both sides are equations."
                     )
                 by_strategy.setdefault(int(g.node_a[node]), []).append((k, ex.choices[grp].layout))
             info, _ = self.tables.info(self.tables.output_key[eqn.outputs[0]]) if eqn.outputs else (None, 0)
@@ -262,6 +269,17 @@ class Plan:
                 runs.append(EqnRun(eqn.index, st.ins, tuple(outs)))
                 done.update(self.canon.get(eqn.outputs[k], eqn.outputs[k]) for k, _ in outs)
         self.runs = runs
+
+    def _base_key(self, vid: int) -> str | None:
+        key = self.tables.output_key.get(vid)
+        return None if key is None else key.rpartition("#")[0]
+
+    def _chosen_base(self, grp: int) -> str | None:
+        ch = self.extraction.choices.get(grp)
+        if ch is None or NodeKind(int(self.graph.node_kind[ch.node])) != NodeKind.LOCAL:
+            return None
+        key = self.graph.node_key[ch.node]
+        return None if key is None else key.rpartition("#")[0]
 
     def layout_of(self, vid: int) -> Layout | None:
         lid = self.produced.get(vid)

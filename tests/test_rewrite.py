@@ -1,0 +1,88 @@
+"""User rewrites (shardsat.Rewrite): both sides in the e-graph, the cheaper one planned and run."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import assert_equivalent
+
+import shardsat
+from shardsat.testing import RuleCheckError, check_rule
+
+S = jax.ShapeDtypeStruct
+F32 = jnp.float32
+EX3 = (S((2, 3), F32), S((3, 4), F32), S((4, 5), F32))
+LEFT = shardsat.Rewrite("matmul-left", lambda a, b, c: a @ (b @ c), lambda a, b, c: (a @ b) @ c, EX3)
+RIGHT = shardsat.Rewrite("matmul-right", lambda a, b, c: (a @ b) @ c, lambda a, b, c: a @ (b @ c), EX3)
+
+
+def low_rank(x, u, v):
+    return jnp.tanh(x @ (u @ v))
+
+
+def operands(batch, d=512, r=16):
+    k = jax.random.split(jax.random.key(0), 3)
+    return (jax.random.normal(k[0], (batch, d)), jax.random.normal(k[1], (d, r)) / 20,
+            jax.random.normal(k[2], (r, d)) / 4)
+
+
+def dots_run(plan):
+    """Result shapes of the matrix products the plan runs."""
+    eqns = [plan.program.equations[r.eqn] for r in plan.runs]
+    return [plan.program.values[e.outputs[0]].shape for e in eqns if e.name == "dot_general"]
+
+
+def test_reassociation_is_planned_when_cheaper():
+    args = operands(4096)
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    plain = shardsat.saturate_and_extract(low_rank, mesh, *args, profile="h100")
+    plan = shardsat.saturate_and_extract(low_rank, mesh, *args, profile="h100", rules=[LEFT])
+    assert plan.program.equivalences, "the rewrite matched nothing"
+    assert plan.cost.total_s < plain.cost.total_s
+    # the 512x512 product u @ v is never formed: x @ u (rank 16), then times v
+    assert (512, 512) not in dots_run(plan)
+    assert sorted(dots_run(plan)) == [(4096, 16), (4096, 512)]
+    assert_equivalent(plan, low_rank, *args, rtol=1e-4)
+
+
+def test_rewrite_not_taken_when_the_original_is_cheaper():
+    def fn(x, u, v):
+        return jnp.tanh((x @ u) @ v)
+
+    args = operands(4096)
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    plan = shardsat.saturate_and_extract(fn, mesh, *args, profile="h100", rules=[RIGHT])
+    assert plan.program.equivalences
+    assert (512, 512) not in dots_run(plan)
+    assert_equivalent(plan, fn, *args, rtol=1e-4)
+
+
+def test_rewrites_apply_in_every_layer_and_to_their_own_results():
+    # a chain of four: a second round reassociates a product the first round introduced
+    def chain(x, a, b, c):
+        return x @ (a @ (b @ c))
+
+    k = jax.random.split(jax.random.key(1), 4)
+    args = (jax.random.normal(k[0], (2048, 256)), jax.random.normal(k[1], (256, 8)) / 16,
+            jax.random.normal(k[2], (8, 256)) / 3, jax.random.normal(k[3], (256, 256)) / 16)
+    mesh = jax.make_mesh((8,), ("data",))
+    plan = shardsat.saturate_and_extract(chain, mesh, *args, profile="h100", rules=[LEFT])
+    assert len(plan.program.equivalences) >= 2
+    assert len(dots_run(plan)) == 3
+    assert max(m * n for m, n in dots_run(plan)) <= 2048 * 256
+    assert_equivalent(plan, chain, *args, rtol=1e-4)
+
+
+def test_check_rule_on_rewrites():
+    check_rule(LEFT)
+    wrong = shardsat.Rewrite("transpose-swap", lambda a, b: a @ b, lambda a, b: (b.T @ a.T).T * 1.001,
+                             (S((2, 3), F32), S((3, 4), F32)))
+    with pytest.raises(RuleCheckError, match="transpose-swap"):
+        check_rule(wrong)
+
+
+def test_bad_rewrites_are_rejected():
+    mesh = jax.make_mesh((8,), ("data",))
+    args = operands(64)
+    shape_changing = shardsat.Rewrite("bad", lambda a, b, c: a @ (b @ c), lambda a, b, c: (a @ b), EX3)
+    with pytest.raises(shardsat.InvalidArgumentError, match="bad"):
+        shardsat.saturate_and_extract(low_rank, mesh, *args, rules=[shape_changing])
