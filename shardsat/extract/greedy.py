@@ -20,6 +20,7 @@ paths computed once per (shape, dtype)), a close upper bound of the Steiner tree
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections import Counter
@@ -138,6 +139,15 @@ class Extractor:
         self._class_at = {(int(grp), int(lay)) for grp, lay in zip(g.class_group, g.class_layout, strict=True)}
         self.place_of = {}
         self._steiner_memo: dict[tuple[int, int, frozenset[int]], tuple[float, tuple[tuple[int, int], ...]]] = {}
+
+    def with_costs(self, node_cost: np.ndarray, weight: np.ndarray) -> Extractor:
+        """This extractor over the same graph with other node costs and value weights (both
+        finite where the originals are): the structure and resharding paths are reused."""
+        other = copy.copy(self)
+        other.cost, other.weight = node_cost, weight
+        other.cost_l = np.asarray(node_cost, dtype=float).tolist()
+        other.weight_l = np.asarray(weight, dtype=float).tolist()
+        return other
 
     # -- structure -------------------------------------------------------------------------------
     def _order(self) -> None:
@@ -348,8 +358,8 @@ class Extractor:
         """Continue improving a plan this extractor found (same roots and ties), e.g. with the
         chain moves a cheap first run left out."""
         t0 = time.perf_counter()
-        choice, demand, prod, place_of, root_layouts = ex.state
-        self.prod, self.place_of = [list(p) for p in prod], dict(place_of)
+        choice, demand, prod, place_of, root_layouts, roots_of = ex.state
+        self.prod, self.place_of, self.roots_of = [list(p) for p in prod], dict(place_of), roots_of
         out = self._finish(roots, list(root_layouts), dict(choice), [c.copy() for c in demand], deadline,
                            max_sweeps, explain, chains, t0)
         out.sweeps += ex.sweeps
@@ -396,7 +406,7 @@ class Extractor:
                 dirty.update(self.parents[grp])
         # 4. result, and for each value the cheapest plan that differs in its layout ("why this")
         # the next run rebinds (never mutates) these: the state needs no copy
-        state = (choice, demand, self.prod, self.place_of, root_layouts)
+        state = (choice, demand, self.prod, self.place_of, root_layouts, self.roots_of)
         alternatives = self._alternatives(state) if explain else {}
         choices: dict[int, GroupChoice] = {}
         total = 0.0
@@ -739,7 +749,7 @@ class Extractor:
         return self.cost_l[n] + self.weight_l[grp] * self.steiner(grp, self.node_layout[n], targets)[0]
 
     def _alternatives(self, state: Any) -> dict[int, tuple[int, float]]:
-        choice, demand, prod, place_of, _ = state
+        choice, demand, prod, place_of, _, _ = state
         self.prod, self.place_of = [list(p) for p in prod], dict(place_of)
         return {grp: alt for grp in choice if (alt := self._alternative(grp, choice, demand)) is not None}
 
