@@ -78,3 +78,27 @@ def test_folded_training_step_keeps_leaves_apart():
     # holds exactly the collectives the plan predicts (layer 0's backward differs, and the
     # optimizer's layer-0 update runs unfolded rather than reading its gradient off the model)
     check_collectives(plan, state, batch)
+
+
+def test_folded_memory_and_weight_roles_match_the_unfolded_program():
+    # each layer's arrays count once per layer (not once per body), and every layer's weights
+    # keep their role (a layer's bias feeds the next layer's matmul through the loop carry)
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from models import GPTConfig, gpt_batch, gpt_params, make_gpt_step
+
+    cfg = GPTConfig(layers=4, d_model=64, heads=4, mlp=256, vocab=128, seq=16, batch=8, embed="onehot")
+    opt, train = make_gpt_step(cfg, eps=1e-4)
+    params = gpt_params(cfg, abstract=True)
+    state = (params, jax.eval_shape(opt.init, params))
+    mesh = jax.make_mesh((8,), ("data",))
+    plans = [shardsat.saturate_and_extract(train, mesh, state, gpt_batch(cfg, abstract=True), profile="h100",
+                                           state_argnums=(0,), fold_loops=fold) for fold in (False, True)]
+    (m0, w0), (m1, w1) = [(p.cost.memory, p.weight_updates()) for p in plans]
+    assert plans[1].program.scans and not plans[0].program.scans
+    assert (m1.parameters, m1.optimizer_state) == (m0.parameters, m0.optimizer_state)
+    assert m1.gradients == m0.gradients
+    assert set(w1) == set(w0)
+    assert abs(m1.activations_peak - m0.activations_peak) <= 0.25 * m0.activations_peak

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..egraph.export import ExportedGraph
 from ..egraph.layout import SpaceTable
-from ..egraph.program import Literal, Program
+from ..egraph.program import Equation, Literal, Program
 from .result import Extraction
 from .structure import HEAVY, heavy_roles
 
@@ -68,46 +68,51 @@ def estimate_memory(
     # gradients: contraction-derived values with a weight's shape that feed no contraction
     grads = 0
     seen: set[int] = set()
-    for eqn in program.equations:
+    sequence = execution_order(program)
+
+    def group(v: int) -> int | None:
+        return graph.value_group.get(program.alias(v))
+
+    def key(v: int) -> int | None:  # a folded loop's member is its own array
+        return -1 - v if v in program.aliases else group(v)
+
+    for eqn in sequence:
         for o in eqn.outputs:
             v = program.values[o]
-            grp = graph.value_group.get(o)
-            if grp is None or grp not in ch or grp in seen:
+            grp, k = group(o), key(o)
+            if grp is None or grp not in ch or k in seen:
                 continue
             if eqn.name in HEAVY and after_heavy[o] and not feeds_heavy[o] and \
                     (v.shape, str(v.dtype)) in weight_shapes and len(v.shape) >= 2:
-                seen.add(grp)
+                seen.add(k)  # type: ignore[arg-type]
                 reduced = [lid for lid in (*ch[grp].demanded, ch[grp].layout) if not spaces.layouts[lid].partial]
                 grads += min(bytes_of(o, lid) for lid in reduced) if reduced else bytes_of(o, None)
-    # peak of live intermediates, in program order
+    # peak of live intermediates, in execution order (a folded loop's body once per repeat, on
+    # each repeat's own arrays); values the e-graph merged are computed once
     last_use: dict[int, int] = {}
-    for eqn in program.equations:
-        for a in eqn.inputs:
-            if isinstance(a, int):
-                grp = graph.value_group.get(a)
-                if grp is not None:
-                    last_use[grp] = eqn.index
-    end = len(program.equations)
+    for i, e in enumerate(sequence):
+        for a in e.inputs:
+            if isinstance(a, int) and key(a) is not None:
+                last_use[key(a)] = i  # type: ignore[index]
+    end = len(sequence)
     in_donated: set[int] = set()
     for k, o in enumerate(program.outputs):
-        if not isinstance(o, Literal):
-            grp = graph.value_group.get(o)
-            if grp is not None:
-                last_use[grp] = end
-                if k in donated_outputs:
-                    in_donated.add(grp)  # written into the donated argument's buffer
+        if not isinstance(o, Literal) and key(o) is not None:
+            last_use[key(o)] = end  # type: ignore[index]
+            if k in donated_outputs:
+                in_donated.add(key(o))  # type: ignore[arg-type]  # written into the donated argument's buffer
     events: list[tuple[int, int]] = []
     born: set[int] = set()
-    for eqn in program.equations:
-        for o in eqn.outputs:
-            grp = graph.value_group.get(o)
-            if grp is None or grp not in ch or grp in born or grp in in_donated:
+    for i, e in enumerate(sequence):
+        for o in e.outputs:
+            grp, k = group(o), key(o)
+            if grp is None or grp not in ch or k in born or k in in_donated:
                 continue
-            born.add(grp)
+            born.add(k)  # type: ignore[arg-type]
             c = ch[grp]
             size = bytes_of(o, c.layout) + sum(bytes_of(o, lid) for lid in c.demanded if lid != c.layout)
-            events.append((eqn.index, size))
-            events.append((last_use.get(grp, eqn.index) + 1, -size))
+            events.append((i, size))
+            events.append((last_use.get(k, i) + 1, -size))  # type: ignore[arg-type]
     events.sort()
     live = peak = 0
     for _, d in events:
@@ -119,3 +124,25 @@ def estimate_memory(
             continue
         outs += bytes_of(o, lid)
     return MemoryEstimate(params, opt, inputs, grads, peak, outs, by_path)
+
+
+def execution_order(program: Program) -> list[Equation]:
+    """The equations as the runtime runs them: a folded loop's body is replayed once per repeat,
+    as that repeat's original equations (on its own arrays)."""
+    bodies: dict[int, list[int]] = {}
+    for eqn in program.equations:
+        if eqn.region is not None and program.scans[eqn.region].folded:
+            bodies.setdefault(eqn.region, []).append(eqn.index)
+    out: list[Equation] = []
+    for eqn in program.equations:
+        s = eqn.region
+        if s is None or s not in bodies:
+            out.append(eqn)
+            continue
+        if eqn.index != bodies[s][0]:
+            continue
+        reg = program.scans[s]
+        for j in range(reg.length):
+            for t in bodies[s]:
+                out.append(reg.replay[t][j])
+    return out

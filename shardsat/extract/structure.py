@@ -9,19 +9,44 @@ HEAVY = frozenset({"dot_general", "conv_general_dilated"})
 
 
 def heavy_roles(program: Program) -> tuple[list[bool], list[bool]]:
-    """Per value: (some contraction depends on it, it depends on a contraction)."""
+    """Per value: (some contraction depends on it, it depends on a contraction). Loops count as
+    unrolled: a carry's roles flow around the loop, and a folded loop's members (each layer's own
+    arrays) share their body value's roles."""
     n = len(program.values)
     after = [False] * n
     before = [False] * n
-    for eqn in program.equations:
-        dep = eqn.name in HEAVY or any(isinstance(a, int) and after[a] for a in eqn.inputs)
-        for o in eqn.outputs:
-            after[o] = dep
-    for eqn in reversed(program.equations):
-        if eqn.name in HEAVY or any(before[o] for o in eqn.outputs):
-            for a in eqn.inputs:
-                if isinstance(a, int):
-                    before[a] = True
+    classes: dict[int, list[int]] = {}
+    for a in program.aliases:
+        classes.setdefault(program.alias(a), [program.alias(a)]).append(a)
+    # (carry input, what it is fed from): the initial carry and the previous iteration's output
+    loops = [(cin, src) for scan in program.scans
+             for cin, cout, init in zip(scan.carry_in, scan.carry_out, scan.init, strict=True)
+             for src in (cout, init) if isinstance(src, int)]
+    for _ in range(4):  # a few rounds reach the fixpoint of loops around loops
+        changed = False
+        for eqn in program.equations:
+            dep = eqn.name in HEAVY or any(isinstance(a, int) and after[a] for a in eqn.inputs)
+            for o in eqn.outputs:
+                if dep and not after[o]:
+                    after[o] = changed = True
+        for eqn in reversed(program.equations):
+            if eqn.name in HEAVY or any(before[o] for o in eqn.outputs):
+                for a in eqn.inputs:
+                    if isinstance(a, int) and not before[a]:
+                        before[a] = changed = True
+        for cin, src in loops:
+            if after[src] and not after[cin]:
+                after[cin] = changed = True
+            if before[cin] and not before[src]:
+                before[src] = changed = True
+        for members in classes.values():
+            for flags in (before, after):
+                if any(flags[m] for m in members) and not all(flags[m] for m in members):
+                    for m in members:
+                        flags[m] = True
+                    changed = True
+        if not changed:
+            break
     return before, after
 
 
