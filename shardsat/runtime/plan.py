@@ -450,13 +450,13 @@ class Plan:
             targets = {self.program.outputs[k] for _, k in self.ties} or {
                 o for o in self.program.outputs if not isinstance(o, Literal)}
             to_state = [False] * len(self.program.values)
-            for v in targets:
-                to_state[v] = True  # type: ignore[index]
+            for v in targets:  # a folded loop's member is returned: its body value leads there
+                to_state[v] = to_state[self.program.alias(v)] = True  # type: ignore[index]
             for eqn in reversed(self.program.equations):
                 if any(to_state[o] for o in eqn.outputs):
                     for a in eqn.inputs:
                         if isinstance(a, int):
-                            to_state[a] = True
+                            to_state[a] = to_state[self.program.alias(a)] = True
             for r in self.runs:
                 eqn = self.program.equations[r.eqn]
                 grp = self.graph.value_group[eqn.outputs[r.outputs[0][0]]]
