@@ -92,8 +92,7 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
         runs.append(first)
     if not small:
         ranked = sorted(range(len(runs)), key=lambda i: (runs[i].total_s, i))
-        # deep loops: only the best start gets chain moves (the shallow one, in benchmarks/scaling.py)
-        for i in ranked[:1 if deep else POLISHED]:
+        for i in ranked[:POLISHED]:
             if time.perf_counter() >= deadline:
                 break
             runs[i] = ex.resume(runs[i], p.roots, deadline=deadline, explain=False)
