@@ -61,14 +61,15 @@ def _reprice(ex: Extraction, cost: np.ndarray) -> Extraction:
 
 
 def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = "auto") -> Extraction:
-    """The cheapest plan over the starting points (estimate, then each seed), then the exact
-    integer program where it is small enough to pay ("auto") or always ("exact")."""
+    """The cheapest plan over the starting points (the estimate, or for deep loops the plan of
+    their shallow copy, then each seed), then the exact integer program where it is small enough
+    to pay ("auto") or always ("exact")."""
     ex = Extractor(p.graph, node_cost, p.value_space, p.spaces, p.edges, p.model,
                    describe=p.describe, combinable=p.combinable, weight=p.weight)
     small = p.graph.num_nodes <= SEED_CHAIN_NODES
     # every starting point gets single-value and space moves; on big graphs chain moves (the
     # expensive part) then continue the most promising POLISHED of them
-    deep = bool(p.weight.max() >= DEEP_WEIGHT)
+    deep = bool(p.weight.max() >= DEEP_WEIGHT)  # the deep-loop start replaces the estimate
     runs = [] if deep else [ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties,
                                    explain=False, chains=small)]
     for seed in p.seeds:
