@@ -86,3 +86,22 @@ def test_bad_rewrites_are_rejected():
     shape_changing = shardsat.Rewrite("bad", lambda a, b, c: a @ (b @ c), lambda a, b, c: (a @ b), EX3)
     with pytest.raises(shardsat.InvalidArgumentError, match="bad"):
         shardsat.saturate_and_extract(low_rank, mesh, *args, rules=[shape_changing])
+
+
+def test_rewrites_in_folded_layers():
+    # a match in every layer keeps the layers periodic: they fold, and the replayed layers run the
+    # chosen side of the rewrite
+    def net(ps, x):
+        for u, v in ps:
+            x = x + jnp.tanh(x @ (u @ v))
+        return x.sum()
+
+    k = jax.random.split(jax.random.key(2), 13)
+    ps = [(jax.random.normal(k[2 * i], (256, 8)) / 16, jax.random.normal(k[2 * i + 1], (8, 256)) / 3)
+          for i in range(6)]
+    x = jax.random.normal(k[12], (1024, 256))
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    plan = shardsat.saturate_and_extract(net, mesh, ps, x, profile="h100", rules=[LEFT], fold_loops=True)
+    assert plan.program.scans and len(plan.program.equivalences) == 6
+    assert (256, 256) not in dots_run(plan)
+    assert_equivalent(plan, net, ps, x, rtol=1e-4)
