@@ -100,6 +100,21 @@ def _canon_callable(f: Any) -> str | None:
     return None if rest is None else f"fn:{name}{rest}"
 
 
+_TYPE_TEXT: dict[tuple[tuple[int, ...], Any], str] = {}
+
+
+def _type_text(shape: tuple[int, ...], dtype: Any) -> str:
+    """`dtype[shape]`, memoised: a deep program has a few hundred distinct operand types."""
+    key = (tuple(shape), dtype)
+    try:
+        hit = _TYPE_TEXT.get(key)
+    except TypeError:  # an unhashable extended dtype
+        return f"{dtype}{list(shape)}"
+    if hit is None:
+        hit = _TYPE_TEXT[key] = f"{dtype}{list(shape)}"
+    return hit
+
+
 def equation_key(eqn: Equation, in_shapes: Sequence[tuple[int, ...]], in_dtypes: Sequence[Any],
                  out_shapes: Sequence[tuple[int, ...]], out_dtypes: Sequence[Any], literal: Sequence[bool],
                  literal_values: Sequence[Any]) -> str:
@@ -111,8 +126,8 @@ def equation_key(eqn: Equation, in_shapes: Sequence[tuple[int, ...]], in_dtypes:
             unique = True
             c = "?"
         parts.append(f"{k}={c}")
-    parts.append(repr([(s, str(d)) for s, d in zip(in_shapes, in_dtypes, strict=True)]))
-    parts.append(repr([(s, str(d)) for s, d in zip(out_shapes, out_dtypes, strict=True)]))
+    parts.append(",".join([_type_text(s, d) for s, d in zip(in_shapes, in_dtypes, strict=True)]))
+    parts.append(",".join([_type_text(s, d) for s, d in zip(out_shapes, out_dtypes, strict=True)]))
     parts.append(repr([(i, _canon(v), str(d)) for i, (lit, v, d) in enumerate(
         zip(literal, literal_values, in_dtypes, strict=True)) if lit]))
     if unique:  # params we cannot compare: never merge this equation with another
