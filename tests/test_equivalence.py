@@ -36,6 +36,8 @@ from jax.sharding import PartitionSpec as P
 
 import shardsat
 
+RTOL = 5e-5  # see test_random_program_matches_unsharded
+
 # ---- shapes ----------------------------------------------------------------------------------
 
 # Dims both dividing and not dividing the mesh axes (2, 4, 8), and 1 (squeezable, broadcastable).
@@ -562,7 +564,9 @@ def check(prog: Program, mesh: jax.sharding.Mesh, profile: Any, in_shardings: An
     plan = shardsat.saturate_and_extract(fn, mesh, *args, profile=profile, in_shardings=in_shardings,
                                          out_shardings=out_shardings)
     note(plan.explain())
-    assert_equivalent(plan, fn, *args)
+    # float32 sums split over devices add in another order: random programs chain reductions into
+    # pow/tanh, where that reaches ~1e-5 of the largest output; a wrong plan is off by O(1)
+    assert_equivalent(plan, fn, *args, rtol=RTOL)
     assert_hlo_matches(plan, *args)
     return plan
 
