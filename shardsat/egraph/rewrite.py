@@ -53,7 +53,7 @@ def _pattern(rw: Rewrite) -> _Pattern:
     if p.consts or p.scans:
         raise InvalidArgumentError(f"{where}: lhs may not close over arrays or contain loops.")
     rhs = jax.eval_shape(rw.rhs, *rw.example_args)
-    lhs = jax.eval_shape(rw.lhs, *rw.example_args)
+    lhs = p.values[p.outputs[0]]
     if (rhs.shape, rhs.dtype) != (lhs.shape, lhs.dtype):
         raise InvalidArgumentError(f"{where}: lhs gives {lhs.dtype}{list(lhs.shape)} but rhs gives "
                                    f"{rhs.dtype}{list(rhs.shape)}.")

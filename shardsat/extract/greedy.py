@@ -567,7 +567,6 @@ class Extractor:
         touched = {x for x in touched if x in choice}
         before = self._cost_of(touched, choice, demand)
         old = {grp: choice[grp] for grp in plan}
-        old_roots = {grp: [root_layouts[r] for r in tie_roots.get(grp, [])] for grp in plan}
 
         def put(nodes: dict[int, int]) -> None:
             for grp, n in nodes.items():
@@ -580,10 +579,7 @@ class Extractor:
         after = self._cost_of(touched, choice, demand)
         gain = before - after - 1e-9 * before
         if not keep or not (gain > EPS):
-            put(old)
-            for grp, lays in old_roots.items():
-                for r, lay in zip(tie_roots.get(grp, []), lays, strict=True):
-                    assert root_layouts[r] == lay
+            put(old)  # re-tying an input restores its roots' layouts too
         return gain
 
     # -- chain moves -----------------------------------------------------------------------------
