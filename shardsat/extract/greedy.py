@@ -137,14 +137,22 @@ class Extractor:
             self.group_pk[grp] = pk_index.setdefault(key, len(pk_index))
         self._demand_memo: dict[int, dict[int, tuple[int, ...]]] = {}
         self._class_at = {(int(grp), int(lay)) for grp, lay in zip(g.class_group, g.class_layout, strict=True)}
+        self.class_group_l: list[int] = g.class_group.tolist()
+        self.class_layout_l: list[int] = g.class_layout.tolist()
+        self.group_classes: list[list[int]] = [[] for _ in range(G)]
+        for c, grp in enumerate(g.class_group.tolist()):
+            self.group_classes[grp].append(c)
         self.place_of = {}
         self._steiner_memo: dict[tuple[int, int, frozenset[int]], tuple[float, tuple[tuple[int, int], ...]]] = {}
+        # per tensor space: neighbourhoods in which a space move was tried and found nothing
+        self._space_seen: dict[tuple[int, bool], set[tuple]] = {}
 
     def with_costs(self, node_cost: np.ndarray, weight: np.ndarray) -> Extractor:
         """This extractor over the same graph with other node costs and value weights (both
         finite where the originals are): the structure and resharding paths are reused."""
         other = copy.copy(self)
         other.cost, other.weight = node_cost, weight
+        other._space_seen = {}  # outcomes depend on the costs
         other.cost_l = np.asarray(node_cost, dtype=float).tolist()
         other.weight_l = np.asarray(weight, dtype=float).tolist()
         return other
@@ -240,8 +248,10 @@ class Extractor:
         t0 = time.perf_counter()
         g = self.g
         if not hasattr(self, "_prod_full"):
-            self._prod_full = [list(p) for p in self.prod]
-        self.prod = [list(p) for p in self._prod_full]  # pins and ties below narrow a copy
+            self._prod_full = list(self.prod)
+        # pins and ties below narrow a copy: production lists are rebound, never mutated, so
+        # copying the outer list is enough
+        self.prod = list(self._prod_full)
         for grp, lay in (place_pins or {}).items():
             self.prod[grp] = [
                 n for n in self.prod[grp]
@@ -267,33 +277,30 @@ class Extractor:
         G = g.num_groups
         C = g.num_classes
         cls_layout = g.class_layout
-        cls_group = g.class_group
-        uses = np.ones(G)
-        for h in range(G):
-            uses[h] = max(1, len(self.parents[h]))
+        uses = [float(max(1, len(ps))) for ps in self.parents]
         for grp, _ in roots:
             uses[grp] += 1
-        # 1. bottom-up estimates
-        est = np.full(C, math.inf)
-        group_classes: list[list[int]] = [[] for _ in range(G)]
-        for c in range(C):
-            group_classes[int(cls_group[c])].append(c)
+        # 1. bottom-up estimates (an operand's estimate is shared among its value's consumers)
+        est = [math.inf] * C
+        cls_group_l, cls_layout_l = self.class_group_l, self.class_layout_l
+        cost_l, node_layout, kids = self.cost_l, self.node_layout, self.kids
+        group_classes = self.group_classes
         for grp in self.order:
             if not group_classes[grp]:
                 continue
             sp = self.paths[self.group_key[grp]]
             prod_est = np.full(len(sp.layouts), math.inf)
             for n in self.prod[grp]:
-                v = self.cost[n] + sum(est[c] / uses[int(cls_group[c])] for c in self.kids[n])
-                r = sp.index[int(cls_layout[g.node_class[n]])]
+                v = cost_l[n] + sum(est[c] / uses[cls_group_l[c]] for c in kids[n])
+                r = sp.index[node_layout[n]]
                 if v < prod_est[r]:
                     prod_est[r] = v
             finite = np.isfinite(prod_est)
             if not finite.any():
                 continue
-            reach = np.min(prod_est[finite][:, None] + self.weight[grp] * sp.dist[finite], axis=0)
+            reach = np.min(prod_est[finite][:, None] + self.weight_l[grp] * sp.dist[finite], axis=0).tolist()
             for c in group_classes[grp]:
-                est[c] = reach[sp.index[int(cls_layout[c])]]
+                est[c] = reach[sp.index[cls_layout_l[c]]]
         # 2. top-down choice
         demand: list[Counter[int]] = [Counter() for _ in range(G)]
         root_layouts: list[int] = []
@@ -336,18 +343,19 @@ class Extractor:
                 continue
             targets = frozenset(demand[grp])
             best_n, best_v = -1, math.inf
+            w = self.weight_l[grp]
             for n in self.prod[grp]:
-                v = self.cost[n] + sum(est[c] / uses[int(cls_group[c])] for c in self.kids[n])
+                v = cost_l[n] + sum(est[c] / uses[cls_group_l[c]] for c in kids[n])
                 if v >= best_v:
                     continue
-                v += self.weight[grp] * self.steiner(grp, int(cls_layout[g.node_class[n]]), targets)[0]
+                v += w * self.steiner(grp, node_layout[n], targets)[0]
                 if v < best_v:
                     best_n, best_v = n, v
             if best_n < 0:
                 raise NoPlanError(f"No way to produce {self.describe(grp)} in the layouts its consumers need.")
             choice[grp] = best_n
-            for c in self.kids[best_n]:
-                demand[int(cls_group[c])][int(cls_layout[c])] += 1
+            for h, lay in self.kid_gl[best_n]:
+                demand[h][lay] += 1
         for h, nodes in released.items():
             if h not in self.place_of:
                 self.prod[h] = nodes
@@ -359,7 +367,7 @@ class Extractor:
         chain moves a cheap first run left out."""
         t0 = time.perf_counter()
         choice, demand, prod, place_of, root_layouts, roots_of = ex.state
-        self.prod, self.place_of, self.roots_of = [list(p) for p in prod], dict(place_of), roots_of
+        self.prod, self.place_of, self.roots_of = list(prod), dict(place_of), roots_of
         out = self._finish(roots, list(root_layouts), dict(choice), [c.copy() for c in demand], deadline,
                            max_sweeps, explain, chains, t0)
         out.sweeps += ex.sweeps
@@ -502,6 +510,13 @@ class Extractor:
                             key=lambda x: self.rank[x])
             if len(groups) < 2:
                 continue
+            # the outcome depends only on the choices around these values: skip a space whose
+            # neighbourhood is as it was when it last found no move (the common case in later
+            # rounds and when a plan is resumed)
+            snap = self._space_snapshot(groups, roots, root_layouts, tie_roots, choice)
+            seen = self._space_seen.setdefault(key, set())
+            if snap in seen:
+                continue
             targets = sorted(lay for lay in {layout_of(n) for x in groups for n in self.prod[x]}
                              if not self.spaces.layouts[lay].partial)
             at: dict[int, dict[int, list[int]]] = {}  # group -> layout -> productions
@@ -521,7 +536,27 @@ class Extractor:
             if best_plan is not None:
                 self._try_moves(best_plan, roots, root_layouts, tie_roots, choice, demand, keep=True)
                 changed.update(best_plan)
+            else:
+                seen.add(snap)
         return changed
+
+    def _space_snapshot(self, groups: list[int], roots: Sequence[tuple[int, frozenset[int] | None]],
+                        root_layouts: list[int], tie_roots: dict[int, list[int]],
+                        choice: dict[int, int]) -> tuple:
+        """Everything a space move's outcome reads: the productions chosen for the space's
+        values, their possible operands, tied outputs, and every consumer of those (which make
+        up their demands), plus the layouts of the roots among them."""
+        base = set(groups)
+        for grp in groups:
+            for n in (self.place_of[grp].values() if grp in self.place_of else self.prod[grp]):
+                base.update(self._demands(n))
+            base.update(roots[r][0] for r in tie_roots.get(grp, ()))
+        deps = set(base)
+        for x in base:
+            deps.update(self.parents[x])
+        ordered = sorted(deps)
+        return (tuple(choice.get(x, -1) for x in ordered),
+                tuple(root_layouts[r] for r, (grp, _) in enumerate(roots) if grp in base))
 
     def _space_plan(self, groups: list[int], b: int, roots: Sequence[tuple[int, frozenset[int] | None]],
                     tie_roots: dict[int, list[int]], choice: dict[int, int],
@@ -746,7 +781,7 @@ class Extractor:
 
     def _alternatives(self, state: Any) -> dict[int, tuple[int, float]]:
         choice, demand, prod, place_of, _, _ = state
-        self.prod, self.place_of = [list(p) for p in prod], dict(place_of)
+        self.prod, self.place_of = list(prod), dict(place_of)
         return {grp: alt for grp in choice if (alt := self._alternative(grp, choice, demand)) is not None}
 
     def explain(self, ex: Extraction) -> None:
@@ -793,8 +828,8 @@ class Extractor:
         targets = frozenset(demand[grp])
         base = self._own(grp, cur, targets)
         cur_d = self._demands(cur)
-        # operand demand without this value's current contribution, and its current price
-        rest: dict[int, Counter[int]] = {}
+        # operand layouts still demanded without this value's current use, and their price now
+        rest: dict[int, frozenset[int]] = {}
         before: dict[int, float] = {}
         best_delta, best_n = -EPS - 1e-9 * base, -1
         for n in self.prod[grp]:
@@ -808,12 +843,12 @@ class Extractor:
                     ok = False  # operand not produced in the current plan
                     break
                 if h not in rest:
-                    r = demand[h].copy()
-                    for lay in cur_d.get(h, ()):
-                        r[lay] -= 1
-                    rest[h] = Counter({k: v for k, v in r.items() if v > 0})
-                    before[h] = self._own(h, choice[h], frozenset(demand[h]))
-                after = frozenset(rest[h]) | frozenset(new_d.get(h, ()))
+                    d = demand[h]
+                    mine = cur_d.get(h, ())
+                    rest[h] = frozenset(k for k, v in d.items() if v > mine.count(k)) if mine else frozenset(d)
+                    before[h] = self._own(h, choice[h], frozenset(d))
+                lays = new_d.get(h)
+                after = rest[h].union(lays) if lays else rest[h]
                 if not after:
                     ok = False
                     break

@@ -3,6 +3,7 @@ layout its consumers need. A plan is exactly this DAG of local ops and collectiv
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,3 +48,13 @@ class Extraction:
     carry_layouts: dict[int, int] = field(default_factory=dict)  # scan carry-input value -> tied layout
     state: Any = field(default=None, repr=False)  # the extractor's final choices, for explain()
     exact_status: str | None = None
+    # computes `alternatives` on first use: they cost a pass over the plan that only
+    # plan.explain() reads
+    explainer: Callable[[Extraction], None] | None = field(default=None, repr=False)
+
+    def why_not(self) -> dict[int, tuple[int, float]]:
+        """The "next best" alternatives per value group, computed on first use."""
+        if self.explainer is not None:
+            explainer, self.explainer = self.explainer, None
+            explainer(self)
+        return self.alternatives

@@ -55,7 +55,7 @@ def explain(plan: Plan) -> str:
         v = prog.values[vid]
         return f"{v.dtype}[{','.join(map(str, v.shape))}]"
 
-    alts = plan.extraction.alternatives
+    alts = plan.extraction.why_not()
 
     def why(vid: int) -> str:
         grp = plan.graph.value_group.get(vid)
