@@ -21,7 +21,7 @@ from .extract.cost import CostModel
 from .extract.memory import MemoryEstimate, estimate_memory
 from .extract.profile import DeviceProfile, get_profile
 from .extract.result import Extraction
-from .extract.search import Problem, best_plan, fit_memory
+from .extract.search import EXACT_AUTO_NODES, Problem, best_plan, fit_memory
 from .extract.seeds import seeds
 from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
@@ -111,7 +111,10 @@ def saturate_and_extract(
     try:
         tables, sat = grow(run, fallback=fallback, limits=limits, deadline=deadline, extra=rulesets,
                            on_iteration=lambda it, nodes: shown.update("saturating", f"iteration {it}, {nodes:,} e-nodes"))
-        graph = export(run.egraph)
+        # the integer program needs the resharding e-nodes; the greedy search does not
+        graph = export(run.egraph, reshard=method == "exact")
+        if method == "auto" and graph.size <= EXACT_AUTO_NODES:
+            graph = export(run.egraph)
         for a in program.aliases:  # folded loop members take their representative's value group
             graph.value_group[a] = graph.value_group[program.alias(a)]
     finally:
@@ -175,7 +178,7 @@ def saturate_and_extract(
                                state_args=frozenset(a for a, _ in tie_pairs),
                                donated_outputs=frozenset(k for _, k in tie_pairs))
 
-    shown.update("extracting", f"{graph.num_classes:,} e-classes, {graph.num_nodes:,} e-nodes")
+    shown.update("extracting", f"{graph.num_classes:,} e-classes, {graph.size:,} e-nodes")
     try:
         if method not in ("auto", "greedy", "exact"):
             raise InvalidArgumentError(f"extraction must be 'auto', 'greedy' or 'exact', got {method!r}.")

@@ -60,6 +60,7 @@ class ExportedGraph:
     child_ptr: np.ndarray  # int64 [N+1] CSR into child_idx
     child_idx: np.ndarray  # int32: child class ids
     value_group: dict[int, int]  # program value id -> group
+    unbuilt_nodes: int = 0  # resharding e-nodes left out (export(reshard=False))
 
     @property
     def num_classes(self) -> int:
@@ -68,6 +69,11 @@ class ExportedGraph:
     @property
     def num_nodes(self) -> int:
         return len(self.node_class)
+
+    @property
+    def size(self) -> int:
+        """E-nodes of the e-graph, counting any left out: what the search's effort scales with."""
+        return len(self.node_class) + self.unbuilt_nodes
 
     @property
     def num_groups(self) -> int:
@@ -82,7 +88,9 @@ def _egg_name(egraph: EGraph, fn: Any) -> str:
     return egraph._callable_to_egg(fn)[1]  # egglog 13.x; isolated here on purpose
 
 
-def export(egraph: EGraph) -> ExportedGraph:
+def export(egraph: EGraph, reshard: bool = True) -> ExportedGraph:
+    """reshard=False counts the resharding e-nodes but leaves them out: the greedy extractor
+    prices resharding from the rule tables' layout graph, and they are most of the nodes."""
     raw = egraph._egraph  # the bindings-level e-graph
     frozen = raw.freeze()
     fns = frozen.functions
@@ -143,12 +151,17 @@ def export(egraph: EGraph) -> ExportedGraph:
     ptr = [0]
     kids: list[int] = []
     dist_sort = None
+    unbuilt = 0
     for fn, kind in _KINDS.items():
         name = _egg_name(egraph, fn)
         f = fns.get(name)
         if f is None:
             continue
         dist_sort = f.output_sort
+        if kind.is_reshard and not reshard:
+            unbuilt += sum(1 for r in f.rows
+                           if not r.subsumed and r.output in class_of_dist and r.inputs[0] in class_of_dist)
+            continue
         for r in f.rows:
             if r.subsumed:
                 continue
@@ -215,6 +228,7 @@ def export(egraph: EGraph) -> ExportedGraph:
         child_ptr=np.asarray(ptr, dtype=np.int64),
         child_idx=np.asarray(kids, dtype=np.int32),
         value_group=value_group,
+        unbuilt_nodes=unbuilt,
     ))
 
 
@@ -259,4 +273,5 @@ def _canonical(g: ExportedGraph) -> ExportedGraph:
         child_ptr=np.asarray(ptr, dtype=np.int64),
         child_idx=np.asarray(flat, dtype=np.int32),
         value_group={v: int(gnew[grp]) for v, grp in g.value_group.items()},
+        unbuilt_nodes=g.unbuilt_nodes,
     )

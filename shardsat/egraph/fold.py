@@ -180,7 +180,7 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]])
         idx = len(equations)
         for k, o in enumerate(outs):
             values[o] = replace(values[o], producer=idx, output_index=k, region=region)
-        equations.append(Equation(idx, e.primitive, e.params, tuple(ins), tuple(outs), e.source, e.scope,
+        equations.append(Equation(idx, e.primitive, e.params, tuple(ins), tuple(outs), e.origin,
                                   region, e.key))
 
     run_at = {run.start: (run, slots) for run, slots in runs}

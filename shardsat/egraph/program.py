@@ -77,14 +77,39 @@ class Equation:
     params: dict[str, Any]
     inputs: tuple[Atom, ...]
     outputs: tuple[int, ...]
-    source: str
-    scope: str = ""
+    # jax's SourceInfo of the traced equation (or a ready "file:line" text): summarised on first
+    # use, since walking a traceback for each of thousands of equations is a visible part of tracing
+    origin: Any
     region: int | None = None  # the scan whose body this equation is in
     key: str | None = None  # content key, once computed (egraph/keys.py)
 
     @property
     def name(self) -> str:
         return self.primitive.name
+
+    @property
+    def source(self) -> str:
+        """Where the user's code made this equation ("file:line (function)")."""
+        if not isinstance(self.origin, str):
+            self.origin = _Origin(source_info_util.summarize(self.origin), str(self.origin.name_stack))
+        return str(self.origin)
+
+    @property
+    def scope(self) -> str:
+        """The `jax.named_scope` names around this equation."""
+        self.source  # noqa: B018 (summarises the origin)
+        return getattr(self.origin, "scope", "")
+
+
+class _Origin(str):
+    """A summarised source position that keeps the named scope it was traced in."""
+
+    scope: str
+
+    def __new__(cls, text: str, scope: str) -> _Origin:
+        out = super().__new__(cls, text)
+        out.scope = scope
+        return out
 
 
 # Pseudo-primitives connecting a scan body to the program around it; never bound.
@@ -264,11 +289,11 @@ class _Builder:
             return Literal(v.val, v.aval.dtype)
         return env[v]
 
-    def equation(self, prim: Any, params: dict[str, Any], ins: list[Atom], out_avals: list[Any], source: str,
-                 scope: str, region: int | None) -> list[int]:
+    def equation(self, prim: Any, params: dict[str, Any], ins: list[Atom], out_avals: list[Any], origin: Any,
+                 region: int | None) -> list[int]:
         idx = len(self.equations)
         outs = [self.new_value(a, producer=idx, output_index=k, region=region) for k, a in enumerate(out_avals)]
-        self.equations.append(Equation(idx, prim, params, tuple(ins), tuple(outs), source, scope, region))
+        self.equations.append(Equation(idx, prim, params, tuple(ins), tuple(outs), origin, region))
         return outs
 
     def scan(self, eqn: jcore.JaxprEqn, ins: list[Atom], env: dict[Any, int], region: int | None) -> None:
@@ -277,8 +302,7 @@ class _Builder:
         nc, ncar = int(p["num_consts"]), int(p["num_carry"])
         s = len(self.scans)
         parent_mult = 1 if region is None else self.scans[region].multiplicity
-        source = source_info_util.summarize(eqn.source_info)
-        scope = str(eqn.source_info.name_stack)
+        source = eqn.source_info
         reg = ScanRegion(index=s, length=int(p["length"]), reverse=bool(p["reverse"]), parent=region,
                          multiplicity=int(p["length"]) * parent_mult, init=[], carry_in=[], carry_out=[], final=[],
                          xs=[], slices=[], ys=[], stacked=[],
@@ -299,7 +323,7 @@ class _Builder:
         for v, a in zip(bvars[nc + ncar:], ins[nc + ncar:], strict=True):
             x = self._materialize_literal(a, eqn.invars[bvars.index(v)].aval) if isinstance(a, Literal) else a
             reg.xs.append(x)
-            (vid,) = self.equation(SCAN_SLICE, {"scan": s}, [x], [v.aval], source, scope, s)
+            (vid,) = self.equation(SCAN_SLICE, {"scan": s}, [x], [v.aval], source, s)
             reg.slices.append(vid)
             inner[v] = vid
         outs = self.inline(body.jaxpr, inner, s)
@@ -307,14 +331,14 @@ class _Builder:
             if isinstance(o, Literal):
                 o = self.new_const(body.jaxpr.outvars[k].aval, np.asarray(o.value, dtype=o.dtype))
             reg.carry_out.append(o)
-            (fin,) = self.equation(SCAN_FINAL, {"scan": s}, [o], [eqn.outvars[k].aval], source, scope, region)
+            (fin,) = self.equation(SCAN_FINAL, {"scan": s}, [o], [eqn.outvars[k].aval], source, region)
             reg.final.append(fin)
             env[eqn.outvars[k]] = fin
         for y, ov in zip(outs[ncar:], eqn.outvars[ncar:], strict=True):
             if isinstance(y, Literal):
                 y = self.new_const(body.jaxpr.outvars[ncar + len(reg.ys)].aval, np.asarray(y.value, dtype=y.dtype))
             reg.ys.append(y)
-            (st,) = self.equation(SCAN_STACK, {"scan": s}, [y], [ov.aval], source, scope, region)
+            (st,) = self.equation(SCAN_STACK, {"scan": s}, [y], [ov.aval], source, region)
             reg.stacked.append(st)
             env[ov] = st
 
@@ -342,7 +366,7 @@ class _Builder:
                     env[v] = o
                 continue
             out_ids = self.equation(eqn.primitive, dict(eqn.params), ins, [v.aval for v in eqn.outvars],
-                                    source_info_util.summarize(eqn.source_info), str(eqn.source_info.name_stack), region)
+                                    eqn.source_info, region)
             for v, o in zip(eqn.outvars, out_ids, strict=True):
                 env[v] = o
         return [self.atom(v, env) for v in jaxpr.outvars]

@@ -143,7 +143,11 @@ class EGraphRun:
         self.load(ValArgT, args)
         self.load(ValOpT, ops)
         self.load(ValInT, ins)
-        self.load(ValSpaceT, enumerate(self.value_space))
+        # spaces of registered values only: a folded loop's other repeats keep their value ids
+        # (members), and a Val for each would be an empty e-class
+        registered = sorted({vid for vid, _ in args} | {out for out, _, _ in ops}
+                            | {x for pair in prog.equivalences for x in map(prog.alias, pair)})
+        self.load(ValSpaceT, ((vid, self.value_space[vid]) for vid in registered))
         self.load(ValEqT, sorted({(prog.alias(a), prog.alias(b)) for a, b in prog.equivalences
                                   if prog.alias(a) != prog.alias(b)}))
         self.load(

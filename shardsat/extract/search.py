@@ -67,7 +67,7 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
     to pay ("auto") or always ("exact")."""
     ex = Extractor(p.graph, node_cost, p.value_space, p.spaces, p.edges, p.model,
                    describe=p.describe, combinable=p.combinable, weight=p.weight)
-    small = p.graph.num_nodes <= SEED_CHAIN_NODES
+    small = p.graph.size <= SEED_CHAIN_NODES
     # every starting point gets single-value and space moves; on big graphs chain moves (the
     # expensive part) then continue the most promising POLISHED of them
     deep = bool(p.weight.max() >= DEEP_WEIGHT)  # the deep-loop start replaces the estimate
@@ -103,7 +103,9 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
             spent += runs[i].seconds
     best = min(runs, key=lambda r: r.total_s)
     best.explainer = ex.explain
-    if method == "exact" or (method == "auto" and p.graph.num_nodes <= EXACT_AUTO_NODES):
+    if method == "exact" or (method == "auto" and p.graph.size <= EXACT_AUTO_NODES):
+        if p.graph.unbuilt_nodes:
+            raise ValueError("the exact extractor needs the resharding e-nodes: export(reshard=True)")
         left = deadline - time.perf_counter()
         limit = left if method == "exact" else min(EXACT_AUTO_SECONDS, left)
         if limit > 0.1:
