@@ -122,6 +122,7 @@ def resolve_ties(program: Program, state_argnums: Any, fn_name: str) -> list[tup
     ties: list[tuple[int, int]] = []
     problems = []
     used: set[int] = set()
+    out_subtrees = _subtrees(program.out_tree)
     for i in nums:
         if not isinstance(i, int) or not 0 <= i < len(arg_trees):
             raise InvalidArgumentError(
@@ -129,8 +130,8 @@ def resolve_ties(program: Program, state_argnums: Any, fn_name: str) -> list[tup
             )
         target = arg_trees[i]
         found = None
-        for td, off in _subtrees(program.out_tree):
-            if td != target or any(off + k in used for k in range(td.num_leaves)):
+        for td, off in out_subtrees:
+            if td.num_leaves != target.num_leaves or td != target or any(off + k in used for k in range(td.num_leaves)):
                 continue
             if all(sig_out(off + k) == sig_arg(starts[i] + k) for k in range(td.num_leaves)):
                 found = off

@@ -8,6 +8,7 @@ Layouts are interned to small integers so the e-graph can carry them as `i64`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -179,8 +180,15 @@ class SpaceTable:
     spaces: list[Space] = field(default_factory=list)
     ids: dict[tuple[tuple[int, ...], str], int] = field(default_factory=dict)
     _bytes: dict[tuple[int, int], int] = field(default_factory=dict)
+    _fast: dict[tuple[Any, Any], int] = field(default_factory=dict)
 
     def space(self, shape: tuple[int, ...], dtype: Any) -> Space:
+        try:  # by the dtype object first: str(np.dtype) runs Python code, and this is hot
+            sid = self._fast.get((shape, dtype))
+        except TypeError:  # an unhashable shape or dtype
+            sid = None
+        if sid is not None:
+            return self.spaces[sid]
         key = (tuple(shape), str(dtype))
         sid = self.ids.get(key)
         if sid is None:
@@ -188,6 +196,8 @@ class SpaceTable:
             lids = tuple(self.layouts.intern(lay) for lay in enumerate_layouts(shape, dtype, self.mesh))
             self.spaces.append(Space(sid, tuple(shape), dtype, lids))
             self.ids[key] = sid
+        with contextlib.suppress(TypeError):
+            self._fast[(shape, dtype)] = sid
         return self.spaces[sid]
 
     def shard_bytes(self, space: Space, lid: int) -> int:

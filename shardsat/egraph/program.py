@@ -275,7 +275,7 @@ class _Builder:
 
     def new_value(self, aval: Any, **kw: Any) -> int:
         vid = len(self.values)
-        self.values.append(ValueInfo(vid, tuple(int(d) for d in aval.shape), aval.dtype, **kw))
+        self.values.append(ValueInfo(vid, tuple(map(int, aval.shape)), aval.dtype, **kw))
         return vid
 
     def new_const(self, aval: Any, value: Any) -> int:
