@@ -29,7 +29,6 @@ EXACT_AUTO_NODES = 1000
 EXACT_AUTO_SECONDS = 2.0
 SEED_CHAIN_NODES = 100_000
 POLISHED = 2
-POLISH_WITHIN = 1.05  # ... of those within this factor of the best
 DEEP_WEIGHT = 16  # a loop this deep also starts from its shallow copy's plan
 SHALLOW_WEIGHT = 8
 
@@ -97,8 +96,6 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
         for i in ranked[:POLISHED]:
             if time.perf_counter() >= deadline:
                 break
-            if runs[i].total_s > POLISH_WITHIN * runs[ranked[0]].total_s:
-                break  # chain moves gain a few percent: they will not close this gap
             runs[i] = ex.resume(runs[i], p.roots, deadline=deadline, explain=False)
             spent += runs[i].seconds
     best = min(runs, key=lambda r: r.total_s)
