@@ -43,6 +43,20 @@ def test_scan_plans_run_and_match(grad, profile):
     assert_hlo_matches(plan, ws, x)
 
 
+def test_optimal_scan_plan_compiles_to_its_collectives():
+    """The optimum of this scanned step keeps the carry in layouts the body's consumers would
+    not pick for it. The while loop's state must stay in the planned layout: left free, XLA
+    propagates another one into the loop and adds collectives the plan does not have (it did:
+    one all-reduce and three all-gathers where none were planned)."""
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    fn = jax.value_and_grad(net)
+    ws, x = weights(4)
+    plan = shardsat.saturate_and_extract(fn, mesh, ws, x, profile="h100", extraction="exact")
+    assert plan.extraction.exact_status == "optimal"
+    assert_equivalent(plan, fn, ws, x)
+    assert_hlo_matches(plan, ws, x)
+
+
 def test_scan_plan_size_does_not_grow_with_length():
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     fn = jax.value_and_grad(net)

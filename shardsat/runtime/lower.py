@@ -261,7 +261,9 @@ def make_interpreter(
                 scope = Scope(s, outer)
                 scope.hoisted = hoisted
                 for vid, x, lid in zip(scan.carry_in, carry, carry_lids, strict=True):
-                    scope.env[canon.get(vid, vid)] = x if produced.get(vid, lid) == lid else constrain(x, produced[vid])
+                    # pinned even where it is the carry's own layout: XLA otherwise propagates a
+                    # layout into the while loop's state from the body's consumers
+                    scope.env[canon.get(vid, vid)] = constrain(x, produced.get(vid, lid))
                 for vid, x in zip(scan.slices, xslices, strict=True):
                     scope.env[canon.get(vid, vid)] = constrain(x, produced[vid]) if vid in produced else x
                 scope.execute()
