@@ -145,7 +145,7 @@ class Extractor:
         self.place_of = {}
         self._steiner_memo: dict[tuple[int, int, frozenset[int]], tuple[float, tuple[tuple[int, int], ...]]] = {}
         # per tensor space: neighbourhoods in which a space move was tried and found nothing
-        self._space_seen: dict[tuple[int, bool], set[tuple]] = {}
+        self._space_seen: dict[tuple[int, bool, bool], set[tuple]] = {}
 
     def with_costs(self, node_cost: np.ndarray, weight: np.ndarray) -> Extractor:
         """This extractor over the same graph with other node costs and value weights (both
@@ -406,7 +406,7 @@ class Extractor:
             if not changed and space_rounds < MAX_SPACE_ROUNDS and time.perf_counter() < deadline:
                 # a local optimum: try moving whole tensor spaces (a residual stream) at once
                 space_rounds += 1
-                changed = self._space_moves(roots, root_layouts, choice, demand, deadline)
+                changed = self._space_moves(roots, root_layouts, choice, demand, deadline, every_layout=chains)
             dirty = set()
             for grp in changed:
                 dirty.add(grp)
@@ -486,12 +486,14 @@ class Extractor:
 
     # -- space moves -----------------------------------------------------------------------------
     def _space_moves(self, roots: Sequence[tuple[int, frozenset[int] | None]], root_layouts: list[int],
-                     choice: dict[int, int], demand: list[Counter[int]], deadline: float) -> set[int]:
+                     choice: dict[int, int], demand: list[Counter[int]], deadline: float,
+                     every_layout: bool = True) -> set[int]:
         """Move every complete value of one tensor space (shape, dtype) to one layout at once,
         heaviest spaces first, keeping each move that lowers the exact DAG cost. Single-value and
         chain moves cannot leave a local optimum where a whole residual stream (and the loop
         carry that holds it) sits in a poor layout: each value alone would pay resharding on
-        both sides."""
+        both sides. every_layout=False tries only the layouts the space's values are produced or
+        read in now (a quick pass for starting points; the polishing pass tries every one)."""
         g = self.g
         by_space: dict[tuple[int, bool], list[int]] = {}
         for grp in choice:
@@ -514,11 +516,12 @@ class Extractor:
             # neighbourhood is as it was when it last found no move (the common case in later
             # rounds and when a plan is resumed)
             snap = self._space_snapshot(groups, roots, root_layouts, tie_roots, choice)
-            seen = self._space_seen.setdefault(key, set())
+            seen = self._space_seen.setdefault((*key, every_layout), set())
             if snap in seen:
                 continue
-            targets = sorted(lay for lay in {layout_of(n) for x in groups for n in self.prod[x]}
-                             if not self.spaces.layouts[lay].partial)
+            candidates = ({layout_of(n) for x in groups for n in self.prod[x]} if every_layout else
+                          {layout_of(choice[x]) for x in groups} | {lay for x in groups for lay in demand[x]})
+            targets = sorted(lay for lay in candidates if not self.spaces.layouts[lay].partial)
             at: dict[int, dict[int, list[int]]] = {}  # group -> layout -> productions
             for x in groups:
                 for n in self.prod[x]:
