@@ -237,6 +237,7 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
         method=extraction.method,
         sweeps=extraction.sweeps,
         gap=extraction.gap,
+        lower_bound_s=extraction.lower_bound_s,
         equations=len(program.equations),
         fallbacks=[f"{name} at {src}" for _, name, src in tables.fallbacks],
     )

@@ -344,6 +344,11 @@ class Synthetic:
         ex = Extractor(self.graph, self.node_cost, list(range(self.graph.num_groups)), spaces, edges, model)
         return ex.run(self.roots, deadline=time.perf_counter() + 30.0)
 
+    def lower_bound(self) -> float:
+        model, spaces, edges = self.tables()
+        ex = Extractor(self.graph, self.node_cost, list(range(self.graph.num_groups)), spaces, edges, model)
+        return ex.lower_bound(self.roots)
+
     def brute_force(self) -> float:
         return brute_force(self.graph, self.node_cost, self.roots, PARTIAL)
 
@@ -460,6 +465,8 @@ def test_synthetic_exact_matches_brute_force_and_bounds_greedy(seed):
     greedy = s.greedy()
     s.check(greedy)
     assert greedy.total_s >= exact.total_s * (1 - REL), f"seed {seed}: greedy {greedy.total_s!r} < exact"
+    lb = s.lower_bound()
+    assert 0.0 <= lb <= best * (1 + REL), f"seed {seed}: lower bound {lb!r} > optimum {best!r}"
 
 
 # Regression: the objective was scaled by a fixed 1e6, so HiGHS's absolute tolerances accepted
@@ -659,6 +666,10 @@ def compare_extractors(fn: Any, mesh: jax.sharding.Mesh, args: tuple[Any, ...], 
         # greedy is never below the optimum; "exact" returns the optimum
         opt = ilp.extraction.total_s
         assert greedy.extraction.total_s >= opt * (1 - REL)
+        # the greedy plan's gap is against a lower bound of every plan: below the optimum
+        lb = greedy.extraction.lower_bound_s
+        assert lb is not None and lb <= opt * (1 + REL) and greedy.report.lower_bound_s == lb
+        assert abs(greedy.report.gap - max(0.0, 1 - lb / greedy.extraction.total_s)) <= 1e-9
         assert close(exact.extraction.total_s, opt)
         compared = "exact vs greedy"
         bf = BruteForce(p.graph, p.node_cost, p.roots, partial, p.place_pins)

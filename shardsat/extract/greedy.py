@@ -124,6 +124,7 @@ class Extractor:
             grp = int(g.class_group[g.node_class[n]])
             self.prod[grp].append(n)
             self.kids[n] = tuple(int(c) for c in g.children(n))
+        self._prod_any = list(self.prod)  # before acyclicity narrows them: for lower_bound
         self._order()
         # hot loops index Python lists: numpy scalar indexing costs ~10x a list lookup
         self.node_layout: list[int] = g.class_layout[g.node_class].tolist()
@@ -200,6 +201,56 @@ class Extractor:
                 n for n in self.prod[grp]
                 if all(self.rank[int(g.class_group[c])] < r for c in self.kids[n])
             ]
+
+    # -- a bound -------------------------------------------------------------------------------
+    def lower_bound(self, roots: Sequence[tuple[int, frozenset[int] | None]]) -> float:
+        """Seconds no plan can beat. A value is needed by every plan if it is an output or an
+        operand of every production of a needed value. Each needed value costs at least its
+        cheapest production plus the cheapest resharding from that production's layout to a
+        layout some consumer reads it in (and to its outputs' allowed layouts): e.g. a gradient
+        produced as a pending sum pays at least one reduction (outputs: their allowed layouts). Operand layouts are not linked
+        across values, so the bound is loose where communication dominates."""
+        layouts = self.spaces.layouts
+        read_in: dict[int, set[int]] = {}
+        for prods in self._prod_any:
+            for n in prods:
+                for h, lay in self.kid_gl[n]:
+                    read_in.setdefault(h, set()).add(lay)
+        needed = {grp for grp, _ in roots}
+        stack = list(needed)
+        while stack:
+            grp = stack.pop()
+            common: set[int] | None = None
+            for n in self._prod_any[grp]:
+                ops = {h for h, _ in self.kid_gl[n]}
+                common = ops if common is None else common & ops
+            for h in (common or ()):
+                if h not in needed:
+                    needed.add(h)
+                    stack.append(h)
+        allowed: dict[int, list[frozenset[int] | None]] = {}
+        for grp, lays in roots:
+            allowed.setdefault(grp, []).append(lays)
+        total = 0.0
+        for grp in sorted(needed):
+            prods = self._prod_any[grp]
+            if not prods:
+                return 0.0  # an input with no placement: no bound
+            sp = self.paths[self.group_key[grp]]
+            w = self.weight_l[grp]
+            reads = read_in.get(grp, set())
+            best = math.inf
+            for n in prods:
+                r = sp.index[self.node_layout[n]]
+                need = 0.0
+                if reads and grp not in allowed:  # an output may be read by no one else
+                    need = min(sp.dist[r, sp.index[lay]] for lay in reads)
+                for lays in allowed.get(grp, ()):
+                    ok = [lay for lay in (lays if lays is not None else sp.layouts) if not layouts[lay].partial]
+                    need = max(need, min((sp.dist[r, sp.index[lay]] for lay in ok), default=math.inf))
+                best = min(best, self.cost_l[n] + w * need)
+            total += best
+        return float(total) if math.isfinite(total) else 0.0
 
     # -- resharding trees -----------------------------------------------------------------------
     def steiner(self, grp: int, src_layout: int, targets: frozenset[int]) -> tuple[float, tuple[tuple[int, int], ...]]:

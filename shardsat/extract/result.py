@@ -43,7 +43,8 @@ class Extraction:
     seconds: float
     sweeps: int = 0
     notes: list[str] = field(default_factory=list)
-    gap: float | None = None  # relative optimality gap when the exact solver ran (0: optimal)
+    gap: float | None = None  # relative optimality gap: the exact solver's, else against lower_bound_s
+    lower_bound_s: float | None = None  # no plan of the e-graph costs less (extract/greedy.py lower_bound)
     alternatives: dict[int, tuple[int, float]] = field(default_factory=dict)  # group -> (layout, extra s)
     carry_layouts: dict[int, int] = field(default_factory=dict)  # scan carry-input value -> tied layout
     state: Any = field(default=None, repr=False)  # the extractor's final choices, for explain()

@@ -57,6 +57,7 @@ def _reprice(ex: Extraction, cost: np.ndarray) -> Extraction:
         ch.node_seconds = float(cost[ch.node])
         total += ch.node_seconds + ch.weight * sum(s.seconds for s in ch.steps)
     ex.total_s = total
+    ex.gap = ex.lower_bound_s = None  # they were of the penalised costs
     return ex
 
 
@@ -100,6 +101,7 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
             spent += runs[i].seconds
     best = min(runs, key=lambda r: r.total_s)
     best.explainer = ex.explain
+    ex._space_seen.clear()  # the plan keeps the extractor (for explain): not its search records
     if method == "exact" or (method == "auto" and p.graph.size <= EXACT_AUTO_NODES):
         if p.graph.unbuilt_nodes:
             raise ValueError("the exact extractor needs the resharding e-nodes: export(reshard=True)")
@@ -117,8 +119,17 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
             best.gap = res.gap if res.extraction is not None and best is res.extraction else (
                 0.0 if res.status == "optimal" else None)
             best.exact_status = res.status
+    if best.gap is None:
+        bound_gap(best, ex.lower_bound(p.roots))
     best.seconds = spent
     return best
+
+
+def bound_gap(ex: Extraction, lower_bound: float) -> None:
+    """The plan's optimality gap against a lower bound of every plan's cost (the integer program
+    gives a tighter one where it runs)."""
+    ex.lower_bound_s = lower_bound
+    ex.gap = max(0.0, (ex.total_s - lower_bound) / ex.total_s) if ex.total_s > 0 else 0.0
 
 
 def node_bytes(p: Problem) -> np.ndarray:
@@ -190,6 +201,8 @@ def fit_memory(
                 ex, m = cand, cm
         else:
             low = mid
+    if first.lower_bound_s is not None:  # a bound without the memory limit bounds plans within it
+        bound_gap(ex, first.lower_bound_s)
     return ex, m
 
 

@@ -172,6 +172,7 @@ def plan_to_dict(plan: Plan, **meta: Any) -> dict[str, Any]:
             "method": rep.method,
             "sweeps": rep.sweeps,
             "gap": rep.gap,
+            "lower_bound_s": rep.lower_bound_s,
             "fallbacks": list(rep.fallbacks),
             "times": {
                 "trace_s": rep.trace_s,

@@ -87,7 +87,10 @@ class Report:
     sweeps: int = 0
     equations: int = 0
     fallbacks: list[str] = field(default_factory=list)
-    gap: float | None = None  # optimality gap of the exact solver, when it ran (0.0: proven optimal)
+    # relative optimality gap (0.0: proven optimal): the exact solver's where it ran, else the
+    # plan's distance from lower_bound_s, a cost no plan of the e-graph can beat
+    gap: float | None = None
+    lower_bound_s: float | None = None
     memory_limit: int | None = None  # bytes per device, when planned under a limit
     memory_headroom: int | None = None  # limit minus the plan's estimate
 
@@ -100,7 +103,9 @@ class Report:
             f"{self.equations} equations -> {self.e_classes} e-classes, {self.e_nodes} e-nodes; "
             f"saturation {self.saturation_s:.3f}s in {self.iterations} iterations ({self.stop_reason.value}); "
             f"extraction {self.extraction_s:.3f}s ({self.method}, {self.sweeps} sweeps"
-            + (f", optimality gap {self.gap:.1%}" if self.gap is not None else "")
+            + (f", optimality gap {self.gap:.1%}" if self.gap is not None and self.lower_bound_s is None else "")
+            + (f", within {self.gap:.1%} of a lower bound" if self.gap is not None and self.lower_bound_s is not None
+               else "")
             + f"); total {self.total_s:.3f}s"
         )
         if self.memory_limit is not None:
