@@ -102,3 +102,28 @@ def test_folded_memory_and_weight_roles_match_the_unfolded_program():
     assert m1.gradients == m0.gradients
     assert set(w1) == set(w0)
     assert abs(m1.activations_peak - m0.activations_peak) <= 0.25 * m0.activations_peak
+
+
+def test_loop_invariant_work_in_a_folded_loop_runs_once():
+    # tanh(shared) * 2 is the same array in every layer: unrolled, its equations hash-cons into
+    # one value; folded, it is priced and run once (its all-gather too), not once per layer
+    def net(ws, shared, x):
+        for w in ws:
+            s = jnp.tanh(shared) * 2.0
+            x = x + jnp.tanh(x @ w) @ s
+        return x.sum()
+
+    k = jax.random.split(jax.random.key(3), 8)
+    ws = [jax.random.normal(k[i], (256, 1024)) / 16 for i in range(6)]
+    shared = jax.random.normal(k[6], (1024, 256)) / 32
+    x = jax.random.normal(k[7], (64, 256))
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    plan = shardsat.saturate_and_extract(net, mesh, ws, shared, x, profile="h100", fold_loops=True,
+                                         in_shardings=(None, jax.sharding.PartitionSpec("model", None), None))
+    (scan,) = plan.program.scans
+    names = sorted(plan.program.equations[plan.program.values[v].producer].name for v in scan.invariant)
+    assert names == ["mul", "tanh"]
+    gathers = [c for c in plan.cost.collectives if c.kind == "all-gather" and "mul" in c.value]
+    assert [c.count for c in gathers] == [1]  # the shared weight, stored split, is gathered once
+    assert_equivalent(plan, net, ws, shared, x)
+    check_collectives(plan, ws, shared, x)

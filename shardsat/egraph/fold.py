@@ -243,6 +243,14 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]])
         for key, rep in rep_of.items():
             roles.setdefault(rep, set()).add(tuple(slots[key].values))
         rep_count = {rep: len(lists) for rep, lists in roles.items()}
+        # positions that read only values shared by all repeats (and literals): loop-invariant
+        invariant: set[int] = set()
+        for t in range(run.period):
+            n_in = len(prog.equations[run.index(0, t)].inputs)
+            if all(slots[(t, q)].kind in ("const", "lit")
+                   or (slots[(t, q)].kind == "int" and slots[(t, q)].src[0] in invariant)  # type: ignore[index]
+                   for q in range(n_in)):
+                invariant.add(t)
         for t in range(run.period):
             e = prog.equations[run.index(0, t)]
             ins: list[Atom] = []
@@ -261,6 +269,8 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]])
                 body_of[(t, k)] = new_value(e.outputs[k], region=s)
                 outs.append(body_of[(t, k)])
             emit(e, ins, outs, s)
+            if t in invariant:
+                reg.invariant.update(outs)
             shared_rep = [rep_of[(t, q)] for q in range(len(e.inputs)) if slots[(t, q)].kind == "xs"]
             if any(rep_count[r_] > 1 for r_ in shared_rep):
                 _unique_key(equations[-1])  # slots read different arrays through one representative

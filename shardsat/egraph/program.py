@@ -144,6 +144,9 @@ class ScanRegion:
     replay: dict[int, list[Any]] = field(default_factory=dict)
     members: dict[int, list[Atom]] = field(default_factory=dict)
     extra_reads: list[int] = field(default_factory=list)  # per-repeat inputs planned on their own
+    # folded body values every repeat computes alike (from the same outer values): computed once
+    # per step in effect, since the replayed repeats are identical there and XLA merges them
+    invariant: set[int] = field(default_factory=set)
 
     @property
     def folded(self) -> bool:
@@ -184,6 +187,14 @@ class Program:
 
     def region_multiplicity(self, region: int | None) -> int:
         return 1 if region is None else self.scans[region].multiplicity
+
+    def value_multiplicity(self, vid: int) -> int:
+        """Times per step the value is computed: its region's multiplicity, but once for a folded
+        body's loop-invariant values."""
+        r = self.values[vid].region
+        if r is not None and vid in self.scans[r].invariant:
+            return 1
+        return self.region_multiplicity(r)
 
     def consumers(self) -> list[list[tuple[int, int]]]:
         """For each value: the (equation index, operand position) pairs that read it."""

@@ -93,6 +93,18 @@ def make_interpreter(
 ) -> Callable[..., list[Any]]:
     carry_layouts = carry_layouts or {}
     names = axes.names
+    # a folded loop's loop-invariant equations run in its first repeat only: the other repeats
+    # read that repeat's values (the plan prices them once, collectives included)
+    canon = dict(canon)
+    once: set[int] = set()  # body equations run in the first repeat only
+    for scan in program.scans:
+        for b, reps in scan.replay.items():
+            outs = program.equations[b].outputs
+            if outs and all(o in scan.invariant for o in outs):
+                once.add(b)
+                for rep in reps[1:]:
+                    for o, o0 in zip(rep.outputs, reps[0].outputs, strict=True):
+                        canon[o] = canon.get(o0, o0)
     cpu = mesh.devices.flat[0].platform == "cpu"
 
     def spec(lid: int) -> PartitionSpec:
@@ -196,7 +208,8 @@ def make_interpreter(
             body = by_region.get(s, [])
             for j in range(scan.length):
                 for run in body:
-                    self.run_eqn(scan.replay[run.eqn][j], run, set())
+                    if j == 0 or run.eqn not in once:
+                        self.run_eqn(scan.replay[run.eqn][j], run, set())
 
         def run_eqn(self, eqn: Any, run: EqnRun, started: set[int]) -> None:
             if eqn.name in SCAN_PSEUDO:
