@@ -144,8 +144,8 @@ class ScanRegion:
     replay: dict[int, list[Any]] = field(default_factory=dict)
     members: dict[int, list[Atom]] = field(default_factory=dict)
     extra_reads: list[int] = field(default_factory=list)  # per-repeat inputs planned on their own
-    # folded body values every repeat computes alike (from the same outer values): computed once
-    # per step in effect, since the replayed repeats are identical there and XLA merges them
+    # folded body values every repeat computes alike (from the same outer values only): priced
+    # once, and the runtime's replay computes them in the first repeat only
     invariant: set[int] = field(default_factory=set)
 
     @property

@@ -207,8 +207,8 @@ class Extractor:
         """Seconds no plan can beat. A value is needed by every plan if it is an output or an
         operand of every production of a needed value. Each needed value costs at least its
         cheapest production plus the cheapest resharding from that production's layout to a
-        layout some consumer reads it in (and to its outputs' allowed layouts): e.g. a gradient
-        produced as a pending sum pays at least one reduction (outputs: their allowed layouts). Operand layouts are not linked
+        layout some consumer reads it in (an output: to its allowed layouts), so a gradient
+        produced as a pending sum pays at least one reduction. Operand layouts are not linked
         across values, so the bound is loose where communication dominates."""
         layouts = self.spaces.layouts
         read_in: dict[int, set[int]] = {}
