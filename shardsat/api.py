@@ -153,8 +153,8 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
     stand_for: dict[int, int] = {}
     for a in program.aliases:  # a representative counts itself only if it is a real array
         rep = program.alias(a)
-        if program.value_multiplicity(rep) == 1 and program.is_folded_body(rep):
-            continue  # loop-invariant: every repeat computes the same array
+        if program.is_loop_invariant(rep):
+            continue  # every repeat computes the same array
         stand_for[rep] = stand_for.get(rep, 0 if program.is_folded_body(rep) else 1) + 1
     for grp, vids in enumerate(graph.group_values):
         if vids:

@@ -188,13 +188,15 @@ class Program:
     def region_multiplicity(self, region: int | None) -> int:
         return 1 if region is None else self.scans[region].multiplicity
 
+    def is_loop_invariant(self, vid: int) -> bool:
+        """A folded body value every repeat computes alike (see ScanRegion.invariant)."""
+        r = self.values[vid].region
+        return r is not None and vid in self.scans[r].invariant
+
     def value_multiplicity(self, vid: int) -> int:
         """Times per step the value is computed: its region's multiplicity, but once for a folded
         body's loop-invariant values."""
-        r = self.values[vid].region
-        if r is not None and vid in self.scans[r].invariant:
-            return 1
-        return self.region_multiplicity(r)
+        return 1 if self.is_loop_invariant(vid) else self.region_multiplicity(self.values[vid].region)
 
     def consumers(self) -> list[list[tuple[int, int]]]:
         """For each value: the (equation index, operand position) pairs that read it."""

@@ -838,6 +838,10 @@ class Extractor:
         self.prod, self.place_of = list(prod), dict(place_of)
         return {grp: alt for grp in choice if (alt := self._alternative(grp, choice, demand)) is not None}
 
+    def forget_search(self) -> None:
+        """Drop what only the search reads (a plan keeps its extractor for explain())."""
+        self._space_seen.clear()
+
     def explain(self, ex: Extraction) -> None:
         """Fill in the "why this" alternatives of a plan this extractor found."""
         if ex.state is not None and not ex.alternatives:

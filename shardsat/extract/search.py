@@ -101,7 +101,7 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
             spent += runs[i].seconds
     best = min(runs, key=lambda r: r.total_s)
     best.explainer = ex.explain
-    ex._space_seen.clear()  # the plan keeps the extractor (for explain): not its search records
+    ex.forget_search()
     if method == "exact" or (method == "auto" and p.graph.size <= EXACT_AUTO_NODES):
         if p.graph.unbuilt_nodes:
             raise ValueError("the exact extractor needs the resharding e-nodes: export(reshard=True)")
