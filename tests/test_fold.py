@@ -121,9 +121,86 @@ def test_loop_invariant_work_in_a_folded_loop_runs_once():
     plan = shardsat.saturate_and_extract(net, mesh, ws, shared, x, profile="h100", fold_loops=True,
                                          in_shardings=(None, jax.sharding.PartitionSpec("model", None), None))
     (scan,) = plan.program.scans
-    names = sorted(plan.program.equations[plan.program.values[v].producer].name for v in scan.invariant)
+    names = sorted({plan.program.equations[plan.program.values[v].producer].name for v in scan.invariant})
     assert names == ["mul", "tanh"]
     gathers = [c for c in plan.cost.collectives if c.kind == "all-gather" and "mul" in c.value]
     assert [c.count for c in gathers] == [1]  # the shared weight, stored split, is gathered once
     assert_equivalent(plan, net, ws, shared, x)
     check_collectives(plan, ws, shared, x)
+
+
+def test_loops_fold_two_layers_per_body_so_layouts_may_alternate(monkeypatch):
+    # Layers of one matmul: the unrolled optimum alternates column- and row-split weights
+    # (Megatron's pairs: one all-reduce per two layers). A body of one layer cannot alternate;
+    # a body of two can, and folding pairs layers wherever a loop is long enough.
+    def net(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return x
+
+    k = jax.random.split(jax.random.key(5), 9)
+    ws = [jax.random.normal(k[i], (4096, 4096)) / 64 for i in range(8)]
+    x = jax.random.normal(k[8], (4, 4096))  # a batch of 4 does not split 8 ways
+    mesh = jax.make_mesh((8,), ("model",))
+    plan = shardsat.saturate_and_extract(net, mesh, ws, x, profile="h100", fold_loops=True)
+    assert [s.length for s in plan.program.scans] == [4]
+    specs = [str(s.spec) for s in plan.in_shardings[0]]
+    assert len(set(specs[0::2])) == len(set(specs[1::2])) == 1 and specs[0] != specs[1]
+    assert_equivalent(plan, net, ws, x)
+    check_collectives(plan, ws, x)
+    import shardsat.egraph.fold as fold_module
+
+    monkeypatch.setattr(fold_module, "PAIR_REPEATS", len(ws) + 1)  # one layer per body
+    single = shardsat.saturate_and_extract(net, mesh, ws, x, profile="h100", fold_loops=True)
+    assert [s.length for s in single.program.scans] == [8]
+    assert plan.cost.total_s < 0.8 * single.cost.total_s
+
+
+def test_layers_differing_in_a_scalar_fold_and_each_keeps_its_own():
+    # per-layer dropout folds its key with the layer index: a literal that differs per layer.
+    # Layouts do not depend on it, so the layers are repeats; the replay gives each its own.
+    def net(ws, x, key):
+        for i, w in enumerate(ws):
+            x = x + jnp.tanh(x @ w) * 0.5
+            x = jnp.where(jax.random.bernoulli(jax.random.fold_in(key, i), 0.9, x.shape), x / 0.9, 0.0)
+        return jnp.mean(x ** 2)
+
+    def train(ws, x, key):
+        loss, g = jax.value_and_grad(net)(ws, x, key)
+        return loss, [w - 0.1 * gw for w, gw in zip(ws, g, strict=True)]
+
+    k = jax.random.split(jax.random.key(0), 9)
+    ws = [jax.random.normal(k[i], (128, 128)) / 12 for i in range(8)]
+    x = jax.random.normal(k[8], (64, 128))
+    key = jax.random.key(1)
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    plan = shardsat.saturate_and_extract(train, mesh, ws, x, key, profile="h100", fold_loops=True,
+                                         state_argnums=(0,))
+    assert plan.program.scans and max(s.length for s in plan.program.scans) >= 3
+    # the key's layer index is not loop-invariant: each layer's mask differs
+    assert not any(plan.program.equations[plan.program.values[v].producer].name == "random_fold_in"
+                   for s in plan.program.scans for v in s.invariant)
+    assert_equivalent(plan, train, ws, x, key)
+    check_collectives(plan, ws, x, key)
+
+
+def test_named_scopes_name_the_loops_and_say_why_layers_did_not_fold():
+    def net(ws, x, acts):
+        for i, (w, act) in enumerate(zip(ws, acts, strict=True)):
+            with jax.named_scope(f"layer{i}"):
+                x = x + act(x @ w)
+        return jnp.mean(x ** 2)
+
+    k = jax.random.split(jax.random.key(2), 9)
+    ws = [jax.random.normal(k[i], (128, 128)) / 12 for i in range(6)]
+    x = jax.random.normal(k[8], (64, 128))
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    same = shardsat.saturate_and_extract(lambda ws, x: net(ws, x, [jnp.tanh] * 6), mesh, ws, x, fold_loops=True)
+    assert same.program.scans
+    assert "layer{i}, i = 0..5" in same.explain()
+    mixed = [jnp.tanh, jnp.sin, jnp.cos, jax.nn.relu, jnp.exp, jnp.abs]
+    plan = shardsat.saturate_and_extract(lambda ws, x: net(ws, x, mixed), mesh, ws, x, fold_loops=True)
+    assert not plan.program.scans
+    (note,) = plan.program.notes
+    assert note.startswith("layer{i}, i = 0..5: not folded") and "`tanh`" in note and "`sin`" in note
+    assert note in plan.explain()

@@ -97,8 +97,9 @@ class Equation:
     @property
     def scope(self) -> str:
         """The `jax.named_scope` names around this equation."""
-        self.source  # noqa: B018 (summarises the origin)
-        return getattr(self.origin, "scope", "")
+        if isinstance(self.origin, str):
+            return getattr(self.origin, "scope", "")
+        return str(getattr(self.origin, "name_stack", ""))
 
 
 class _Origin(str):
@@ -173,6 +174,7 @@ class Program:
     carries: list[int] = field(default_factory=list)  # carry-input values, placed like arguments
     aliases: dict[int, int] = field(default_factory=dict)  # value -> the value whose layout it shares
     equivalences: list[tuple[int, int]] = field(default_factory=list)  # values a rewrite proved equal
+    notes: list[str] = field(default_factory=list)  # what folding saw of the named scopes (egraph/scopes.py)
 
     def alias(self, vid: int) -> int:
         """The representative of a folded value (itself if not an alias)."""

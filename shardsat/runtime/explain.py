@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..egraph.program import Literal
+from ..egraph.scopes import loop_scope
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -97,6 +98,7 @@ def explain(plan: Plan) -> str:
         lines += _table(["kind", "axes", "buffer", "time", "tensor", "layouts", "why"], rows)
     else:
         lines.append("  none")
+    lines += _loops(plan)
     updates = plan.weight_updates()
     if updates:
         lines += ["", "Weight update (loop-carried weights)"]
@@ -106,3 +108,28 @@ def explain(plan: Plan) -> str:
         lines += [f"  {f}" for f in plan.report.fallbacks]
     lines += ["", "Search", f"  {plan.report}"]
     return "\n".join(lines)
+
+
+def _loops(plan: Plan) -> list[str]:
+    """Scan bodies and folded loops (each planned once), named after their `jax.named_scope`s,
+    and the notes folding left on scoped layers it did not fold."""
+    prog = plan.program
+    if not prog.scans and not prog.notes:
+        return []
+    rows = []
+    for reg in prog.scans:
+        body = [e for e in prog.equations if e.region == reg.index]
+        if reg.folded:
+            per = int(reg.params.get("per_body", 1))
+            kind = "folded loop" + (f", {per} repeats per body" if per > 1 else "")
+            scope = loop_scope(e for eqs in reg.replay.values() for e in eqs)
+        else:
+            kind = "lax.scan"
+            scope = loop_scope(body)
+        rows.append([str(reg.index), kind, str(reg.length), str(len(body)), scope or "-",
+                     body[0].source if body else "-"])
+    lines = ["", "Loops (each body planned once, for all its iterations)"]
+    if rows:
+        lines += _table(["loop", "kind", "iterations", "body equations", "named scope", "first equation"], rows)
+    lines += [f"  {n}" for n in prog.notes]
+    return lines
