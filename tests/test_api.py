@@ -233,3 +233,25 @@ def test_pinning_a_transformer_input_forces_batch_parallelism():
         shardsat.saturate_and_extract(block, mesh, layer, x, in_shardings=(pins, P(None, None, "model", "x")))
     msg = str(info.value)
     assert "['w1']" in msg and "['wq']" in msg and "args[1]" in msg
+
+
+def test_plan_runs_inside_the_callers_explicit_mesh_context():
+    # jax.set_mesh is how Explicit axes are used: the plan runs under it, and its outputs come
+    # back on the caller's mesh, usable by the code around the call
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+
+    def fn(p, x):
+        return jnp.tanh(x @ p["w1"]) @ p["w2"]
+
+    p = {"w1": jnp.ones((128, 256)) / 64, "w2": jnp.ones((256, 64)) / 64}
+    x = jnp.ones((64, 128))
+    plan = shardsat.saturate_and_extract(fn, mesh, p, x, profile="h100")
+    with jax.set_mesh(mesh):
+        y = plan.jit()(p, x)
+        assert y.sharding.mesh.axis_types == (AxisType.Explicit,) * 2
+        z = y @ jnp.ones((64, 8))  # an Auto-mesh array would be a type error here
+    np.testing.assert_allclose(np.asarray(y), np.asarray(fn(p, x)), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(z), np.asarray(fn(p, x) @ jnp.ones((64, 8))), rtol=1e-5)
+    other = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    with jax.set_mesh(other), pytest.raises(shardsat.ShardsatError, match="not the plan's mesh"):
+        plan.jit()(p, x)

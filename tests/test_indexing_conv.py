@@ -497,3 +497,34 @@ def test_pending_sums_never_meet_a_scatter_operand_counted_twice():
         plan = shardsat.saturate_and_extract(f, mesh, table, tokens, upd, profile="cpu", in_shardings=pins)
         assert_equivalent(plan, f, table, tokens, upd)
         assert_hlo_matches(plan, table, tokens, upd)
+
+
+# ---- jax 0.10's stack, unstack and tile, and barriers over mixed shapes --------------------------
+
+@pytest.mark.parametrize("name", ["stack", "tile", "stack grad", "barrier"])
+def test_stack_tile_and_barriers_keep_their_operands_split(name):
+    def rotary(x):  # interleaved rotary-style pairing through jnp.stack
+        a, b = x[..., ::2], x[..., 1::2]
+        return jnp.stack([a * 0.6 - b * 0.8, a * 0.8 + b * 0.6], axis=-1).reshape(x.shape)
+
+    def barrier(x, w):
+        x, w = jax.lax.optimization_barrier((x, w))
+        return jnp.tanh(x @ w)
+
+    fns = {
+        "stack": (rotary, (normal(16, 8, 64),)),
+        "tile": (lambda x: jnp.tile(x, (1, 2, 1)) * 3.0, (normal(16, 8, 64),)),
+        "stack grad": (jax.grad(lambda x: (rotary(x) ** 2).sum()), (normal(16, 8, 64),)),
+        "barrier": (barrier, (normal(16, 64), normal(64, 32))),
+    }
+    fn, args = fns[name]
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    pins = (P("data"),) + (None,) * (len(args) - 1)
+    plan = shardsat.saturate_and_extract(fn, mesh, *args, profile="h100", in_shardings=pins)
+    prims = {e.name for e in plan.program.equations}
+    assert {"stack": {"stack"}, "tile": {"tile"}, "stack grad": {"stack", "unstack"},
+            "barrier": {"optimization_barrier"}}[name] <= prims
+    # the batch split passes through: nothing is gathered to run them
+    assert not [c for c in plan.cost.collectives if c.kind == "all-gather"]
+    assert_equivalent(plan, fn, *args)
+    assert_hlo_matches(plan, *args)

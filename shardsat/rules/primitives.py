@@ -102,7 +102,7 @@ def elementwise(t: EqnTypes) -> FactorSignature:
     return _sig(t, operands, results, linear=_linear_groups(t), flops=float(t.out_size * max(1, len(t.in_shapes) - 1)))
 
 
-ELEMENTWISE = ["abs", "acos", "acosh", "add", "add_any", "and", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "ceil", "clamp", "clz", "conj", "convert_element_type", "copy", "copy_p", "cos", "cosh", "digamma", "div", "eq", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "floor", "ge", "gt", "igamma", "igammac", "imag", "integer_pow", "is_finite", "le", "lgamma", "log", "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "nextafter", "not", "or", "population_count", "pow", "real", "reduce_precision", "rem", "round", "rsqrt", "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "sin", "sinh", "sqrt", "square", "stop_gradient", "sub", "tan", "tanh", "xor", "bessel_i0e", "bessel_i1e", "polygamma", "zeta", "regularized_incomplete_beta", "random_gamma_grad", "threefry2x32", "sharding_constraint", "device_put", "optimization_barrier"]
+ELEMENTWISE = ["abs", "acos", "acosh", "add", "add_any", "and", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "ceil", "clamp", "clz", "conj", "convert_element_type", "copy", "copy_p", "cos", "cosh", "digamma", "div", "eq", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "floor", "ge", "gt", "igamma", "igammac", "imag", "integer_pow", "is_finite", "le", "lgamma", "log", "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "nextafter", "not", "or", "population_count", "pow", "real", "reduce_precision", "rem", "round", "rsqrt", "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "sin", "sinh", "sqrt", "square", "stop_gradient", "sub", "tan", "tanh", "xor", "eq_to", "le_to", "lt_to", "bessel_i0e", "bessel_i1e", "polygamma", "zeta", "regularized_incomplete_beta", "random_gamma_grad", "threefry2x32", "sharding_constraint", "device_put"]
 
 
 # ---- contractions and reductions -------------------------------------------------------------
@@ -353,6 +353,61 @@ def dynamic_update_slice(t: EqnTypes) -> FactorSignature:
 def concatenate(t: EqnTypes) -> FactorSignature:
     dim = int(t.params["dimension"])
     return _same_except(t, {dim}, list(range(len(t.in_shapes))), linear=(tuple(range(len(t.in_shapes))),))
+
+
+def stack(t: EqnTypes) -> FactorSignature:
+    """jnp.stack (jax >= 0.10): operands side by side along a new axis, which stays whole."""
+    axis = int(t.params["axis"])
+    fac = _dims("d", len(t.in_shapes[0]))
+    operand = tuple((f,) for f in fac)
+    result = (*operand[:axis], ("n",), *operand[axis:])
+    n = len(t.in_shapes)
+    return _sig(t, [operand] * n, [result], sizes={"n": n}, need_replication=frozenset({"n"}),
+                linear=(tuple(range(n)),))
+
+
+def unstack(t: EqnTypes) -> FactorSignature:
+    """The transpose of stack: one result per index of `axis`, which stays whole."""
+    axis = int(t.params["axis"])
+    fac = _dims("d", len(t.out_shapes[0]))
+    result = tuple((f,) for f in fac)
+    operand = (*result[:axis], ("n",), *result[axis:])
+    return _sig(t, [operand], [result] * len(t.out_shapes), sizes={"n": t.in_shapes[0][axis]},
+                need_replication=frozenset({"n"}), linear=((0,),))
+
+
+def tile(t: EqnTypes) -> FactorSignature:
+    """jnp.tile (jax >= 0.10): a dimension repeated more than once stays whole."""
+    reps = tuple(t.params["reps"])
+    shape = t.in_shapes[0]
+    if len(reps) != len(shape):
+        raise ValueError(f"tile: {len(reps)} reps for an operand of rank {len(shape)}")
+    operand: list[tuple[str, ...]] = []
+    result: list[tuple[str, ...]] = []
+    sizes: dict[str, int] = {}
+    for d, r in enumerate(reps):
+        if r == 1:
+            operand.append((f"d{d}",))
+            result.append((f"d{d}",))
+        else:
+            operand.append((f"i{d}",) if shape[d] > 1 else ())
+            result.append((f"o{d}",))
+            sizes[f"o{d}"] = shape[d] * r
+            if shape[d] > 1:
+                sizes[f"i{d}"] = shape[d]
+    need = frozenset(k for k in sizes)
+    return _sig(t, [tuple(operand)], [tuple(result)], sizes=sizes, need_replication=need, linear=((0,),))
+
+
+def optimization_barrier(t: EqnTypes) -> FactorSignature:
+    """Identity on each operand. Operands of one shape share factors (a remat barrier over a
+    layer's activations keeps them in one layout); operands of other shapes have their own."""
+    by_shape: dict[tuple[int, ...], int] = {}
+    tensors = []
+    for s in t.in_shapes:
+        g = by_shape.setdefault(tuple(s), len(by_shape))
+        tensors.append(tuple((f"s{g}_{d}",) for d in range(len(s))))
+    return _sig(t, tensors, list(tensors), linear=(tuple(range(len(t.in_shapes))),))
 
 
 def rev(t: EqnTypes) -> FactorSignature:

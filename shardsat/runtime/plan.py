@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import Layout, MeshAxes, SpaceTable, auto_mesh
@@ -135,15 +135,28 @@ def _needs_move(x: Any, want: Any) -> bool:
         return False
 
 
+def _concrete_mesh(context: Any, runtime: Mesh) -> Mesh:
+    """The caller's context mesh on the plan's devices (a context holds an abstract mesh)."""
+    if tuple(context.axis_names) != tuple(runtime.axis_names) or tuple(context.axis_sizes) != tuple(
+            runtime.devices.shape):
+        raise ShardsatError(
+            f"plan.jit() was called inside a mesh context {dict(zip(context.axis_names, context.axis_sizes, strict=True))}"
+            f" that is not the plan's mesh {dict(runtime.shape)}. Call it under the mesh it was planned for, or "
+            "plan again for this mesh.")
+    return Mesh(runtime.devices, runtime.axis_names, axis_types=tuple(context.axis_types))
+
+
 class PlannedFunction:
     """`jax.jit` of the plan. It takes what `jax.jit(fn)` takes: arrays committed to another
     layout (or to a mesh with Explicit axes, whose type carries the sharding) are moved to the
     plan's layout first."""
 
-    def __init__(self, jitted: Any, in_shardings: tuple[Any, ...], donate_argnums: tuple[int, ...] = ()) -> None:
+    def __init__(self, jitted: Any, in_shardings: tuple[Any, ...], donate_argnums: tuple[int, ...] = (),
+                 mesh: Mesh | None = None) -> None:
         self.jitted = jitted
         self.in_shardings = in_shardings
         self.donate_argnums = donate_argnums
+        self.mesh = mesh  # the runtime's (Auto) mesh the plan lowers on
 
     def _prepare(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         leaves, tree = jax.tree_util.tree_flatten(args)
@@ -156,10 +169,27 @@ class PlannedFunction:
         return jax.tree_util.tree_unflatten(tree, moved)
 
     def __call__(self, *args: Any) -> Any:
-        return self.jitted(*self._prepare(args))
+        context = jax.sharding.get_abstract_mesh()
+        if self.mesh is None or context.empty:
+            return self.jitted(*self._prepare(args))
+        # Inside `jax.set_mesh(mesh)` (the way Explicit axes are used) the plan's constraints on
+        # its Auto copy of the mesh would be type errors: it runs under its own mesh, and its
+        # outputs are handed back on the caller's, where they are usable
+        with jax.set_mesh(self.mesh):
+            out = self.jitted(*self._prepare(args))
+        explicit = [n for n, t in zip(context.axis_names, context.axis_types, strict=True) if t == AxisType.Explicit]
+        if not explicit:
+            return out
+        caller = _concrete_mesh(context, self.mesh)
+        return jax.tree_util.tree_map(
+            lambda y: jax.device_put(y, NamedSharding(caller, y.sharding.spec))
+            if isinstance(getattr(y, "sharding", None), NamedSharding) else y, out)
 
     def lower(self, *args: Any) -> Any:
-        return self.jitted.lower(*self._prepare(args))
+        if self.mesh is None or jax.sharding.get_abstract_mesh().empty:
+            return self.jitted.lower(*self._prepare(args))
+        with jax.set_mesh(self.mesh):
+            return self.jitted.lower(*self._prepare(args))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.jitted, name)
@@ -338,6 +368,7 @@ class Plan:
                     donate_argnums=tuple(donate_argnums)),
             self.in_shardings,
             tuple(donate_argnums),
+            self.runtime_mesh,
         )
         self._jitted = f
         return f
