@@ -371,14 +371,18 @@ class _Builder:
                     inner_env[v] = self.new_const(v.aval, c)
                 n_in = len(inner.invars)
                 for v, a in zip(inner.invars, ins[len(ins) - n_in :], strict=True):
-                    if isinstance(a, Literal):
+                    if isinstance(a, Literal) and np.shape(a.value):
                         a = self._materialize_literal(a, v.aval)
-                    inner_env[v] = a
+                    inner_env[v] = a  # a scalar literal stays one: `jnp.pad`'s pad value, say
                 outs = self.inline(inner, inner_env, region)
                 for v, o in zip(eqn.outvars, outs, strict=True):
                     if isinstance(o, Literal):
                         o = self._materialize_literal(o, v.aval)
                     env[v] = o
+                continue
+            folded = _fold_literal(eqn, ins)
+            if folded is not None:
+                env[eqn.outvars[0]] = folded
                 continue
             out_ids = self.equation(eqn.primitive, dict(eqn.params), ins, [v.aval for v in eqn.outvars],
                                     eqn.source_info, region)
@@ -389,6 +393,17 @@ class _Builder:
     def _materialize_literal(self, lit: Literal, aval: Any) -> int:
         """A literal that crosses a call boundary becomes a constant value."""
         return self.new_const(aval, np.asarray(lit.value, dtype=lit.dtype))
+
+
+def _fold_literal(eqn: jcore.JaxprEqn, ins: list[Atom]) -> Literal | None:
+    """A dtype conversion of a scalar literal, done now: a literal is known to be a constant
+    (a pad value of zero keeps `pad` linear), an equation's result is not."""
+    if eqn.primitive.name != "convert_element_type" or not isinstance(ins[0], Literal) or np.shape(ins[0].value):
+        return None
+    dtype = eqn.outvars[0].aval.dtype
+    if is_extended(dtype) or is_extended(ins[0].dtype):
+        return None
+    return Literal(np.asarray(ins[0].value).astype(dtype), dtype)
 
 
 def _call_body(eqn: jcore.JaxprEqn) -> tuple[jcore.Jaxpr, list[Any]] | None:

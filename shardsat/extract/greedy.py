@@ -239,17 +239,16 @@ class Extractor:
             sp = self.paths[self.group_key[grp]]
             w = self.weight_l[grp]
             reads = read_in.get(grp, set())
-            best = math.inf
-            for n in prods:
-                r = sp.index[self.node_layout[n]]
-                need = 0.0
-                if reads and grp not in allowed:  # an output may be read by no one else
-                    need = min(sp.dist[r, sp.index[lay]] for lay in reads)
-                for lays in allowed.get(grp, ()):
-                    ok = [lay for lay in (lays if lays is not None else sp.layouts) if not layouts[lay].partial]
-                    need = max(need, min((sp.dist[r, sp.index[lay]] for lay in ok), default=math.inf))
-                best = min(best, self.cost_l[n] + w * need)
-            total += best
+            # per source layout: the cheapest resharding to a layout it must reach
+            need = np.zeros(len(sp.layouts))
+            if reads and grp not in allowed:  # an output may be read by no one else
+                need = sp.dist[:, [sp.index[lay] for lay in reads]].min(axis=1)
+            for lays in allowed.get(grp, ()):
+                ok = [sp.index[lay] for lay in (lays if lays is not None else sp.layouts) if not layouts[lay].partial]
+                need = np.maximum(need, sp.dist[:, ok].min(axis=1) if ok else math.inf)
+            need_l = need.tolist()
+            index = sp.index
+            total += min(self.cost_l[n] + w * need_l[index[self.node_layout[n]]] for n in prods)
         return float(total) if math.isfinite(total) else 0.0
 
     # -- resharding trees -----------------------------------------------------------------------
