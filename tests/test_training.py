@@ -137,6 +137,16 @@ def test_explain_names_the_weight_update(gpt_plans):
     assert any("data parallel" in how or "ZeRO-1/2" in how for how in dp.weight_updates().values())
 
 
+def test_next_best_layouts_of_state_move_input_and_output_together(gpt_plans):
+    # a state leaf's "next best" layout moves its placement and the output tied to it together,
+    # as the search does: at the search's fixed point no such move saves time
+    plan, _, _, _ = gpt_plans
+    alts = plan.extraction.why_not()
+    state_groups = {plan.graph.value_group[plan.program.args[a]] for a, _ in plan.ties}
+    deltas = [alts[g][1] for g in state_groups if g in alts]
+    assert deltas and min(deltas) >= -1e-12
+
+
 def test_tiny_weights_keep_data_parallel_when_cheaper(data8):
     # Many small weights on a slow, uncombined network: an extra collective per weight (reduce-
     # scatter + all-gather instead of one all-reduce) costs more than the 1/N update saves.

@@ -307,7 +307,12 @@ class Extractor:
                 n for n in self.prod[grp]
                 if NodeKind(int(g.node_kind[n])) != NodeKind.PLACE or int(g.node_b[n]) == lay
             ]
-        # place nodes of tied inputs, by layout
+        # place nodes of tied inputs, by layout: every layout its pins allow, the seed's included
+        # (a seed picks the first plan's layout; the search may move it)
+        self.place_of: dict[int, dict[int, int]] = {}
+        for h, _ in ties:
+            self.place_of[h] = {int(g.node_b[n]): n for n in self.prod[h]
+                                if NodeKind(int(g.node_kind[n])) == NodeKind.PLACE}
         released: dict[int, list[int]] = {}
         for h, lay in (seed or {}).items():
             nodes = [n for n in self.prod[h]
@@ -315,10 +320,6 @@ class Extractor:
             if nodes:
                 released[h] = self.prod[h]
                 self.prod[h] = nodes
-        self.place_of: dict[int, dict[int, int]] = {}
-        for h, _ in ties:
-            self.place_of[h] = {int(g.node_b[n]): n for n in self.prod[h]
-                                if NodeKind(int(g.node_kind[n])) == NodeKind.PLACE}
         tied_root = {r: h for h, r in ties}
         self.roots_of: dict[int, list[int]] = {}
         for h, r in ties:
@@ -416,7 +417,7 @@ class Extractor:
         """Continue improving a plan this extractor found (same roots and ties), e.g. with the
         chain moves a cheap first run left out."""
         t0 = time.perf_counter()
-        choice, demand, prod, place_of, root_layouts, roots_of = ex.state
+        choice, demand, prod, place_of, root_layouts, roots_of, _ = ex.state
         self.prod, self.place_of, self.roots_of = list(prod), dict(place_of), roots_of
         out = self._finish(roots, list(root_layouts), dict(choice), [c.copy() for c in demand], deadline,
                            max_sweeps, explain, chains, t0)
@@ -464,7 +465,7 @@ class Extractor:
                 dirty.update(self.parents[grp])
         # 4. result, and for each value the cheapest plan that differs in its layout ("why this")
         # the next run rebinds (never mutates) these: the state needs no copy
-        state = (choice, demand, self.prod, self.place_of, root_layouts, self.roots_of)
+        state = (choice, demand, self.prod, self.place_of, root_layouts, self.roots_of, tuple(roots))
         alternatives = self._alternatives(state) if explain else {}
         choices: dict[int, GroupChoice] = {}
         total = 0.0
@@ -833,9 +834,43 @@ class Extractor:
         return self.cost_l[n] + self.weight_l[grp] * self.steiner(grp, self.node_layout[n], targets)[0]
 
     def _alternatives(self, state: Any) -> dict[int, tuple[int, float]]:
-        choice, demand, prod, place_of, _, _ = state
+        choice, demand, prod, place_of, root_layouts, roots_of, roots = state
         self.prod, self.place_of = list(prod), dict(place_of)
-        return {grp: alt for grp in choice if (alt := self._alternative(grp, choice, demand)) is not None}
+        choice, demand, root_layouts = dict(choice), [d.copy() for d in demand], list(root_layouts)
+        out = {}
+        for grp in choice:
+            if grp in place_of and roots_of.get(grp):
+                alt = self._tied_alternative(grp, roots_of[grp], roots, root_layouts, choice, demand)
+            else:
+                alt = self._alternative(grp, choice, demand)
+            if alt is not None:
+                out[grp] = alt
+        return out
+
+    def _tied_alternative(self, h: int, rs: list[int], roots: Sequence[tuple[int, frozenset[int] | None]],
+                          root_layouts: list[int], choice: dict[int, int],
+                          demand: list[Counter[int]]) -> tuple[int, float] | None:
+        """(layout, extra seconds) of loop-carried state placed and returned in another layout:
+        the input and every output tied to it move together, as `_move_tie` moves them."""
+        outs = [roots[r][0] for r in rs]
+        if any(o not in choice for o in outs):
+            return None
+        cur = root_layouts[rs[0]]
+        touched = set(outs) | {h}
+        base = self._cost_of(touched, choice, demand)
+        best: tuple[int, float] | None = None
+        for lay, node in sorted(self.place_of[h].items()):
+            if lay == cur or any(roots[r][1] is not None and lay not in roots[r][1] for r in rs):
+                continue
+            if any((o, lay) not in self._class_at for o in outs):
+                continue
+            self._retie(h, rs, roots, lay, node, root_layouts, choice, demand)
+            delta = self._cost_of(touched, choice, demand) - base
+            self._retie(h, rs, roots, cur, self.place_of[h][cur], root_layouts, choice, demand)
+            if math.isfinite(delta) and (best is None or delta < best[1]):
+                best = (lay, delta)
+        self.prod[h] = [self.place_of[h][cur]]
+        return best
 
     def forget_search(self) -> None:
         """Drop what only the search reads (a plan keeps its extractor for explain())."""
