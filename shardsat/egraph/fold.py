@@ -32,6 +32,7 @@ from .scopes import unfolded_scopes
 MIN_REPEATS = 2
 PAIR_REPEATS = 4  # loops this long are folded two repeats per body
 PAIR_GROWTH = 3.0  # ... if that program has at most this many times the equations of one per body
+LOOSE_TRIED = 0.25  # literal-blind keys are tried where exact ones leave more of the program than this
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,9 @@ def find_runs(keys: list[str], max_candidates: int = 64) -> list[Run]:
     return runs
 
 
-def _classify(prog: Program, run: Run) -> dict[tuple[int, int], Slot] | None:
-    """How each operand of the body reads its value in every repeat; None if repeats differ."""
+def _classify(prog: Program, run: Run, literals_equal: bool = False) -> dict[tuple[int, int], Slot] | None:
+    """How each operand of the body reads its value in every repeat; None if repeats differ.
+    `literals_equal`: the run was found with exact keys, so its repeats' literals are equal."""
     lo, hi = run.start, run.start + run.repeats * run.period
     slots: dict[tuple[int, int], Slot] = {}
     for t in range(run.period):
@@ -125,7 +127,7 @@ def _classify(prog: Program, run: Run) -> dict[tuple[int, int], Slot] | None:
             if all(k[0] == "lit" for k in kinds):
                 # a per-layer scalar (a dropout key's fold_in index) changes no layout: the body
                 # reads the first repeat's, the replay each repeat's own
-                same = len({_literal_text(k[2]) for k in kinds}) == 1
+                same = literals_equal or len({_literal_text(k[2]) for k in kinds}) == 1
                 slots[(t, q)] = Slot("lit" if same else "lits")
             elif all(k[0] == "int" and k[1] == first[1] for k in kinds):
                 slots[(t, q)] = Slot("int", first[1])
@@ -145,23 +147,25 @@ def fold(prog: Program, pair: bool = True) -> Program:
     say which `jax.named_scope`d layers stayed unfolded, and why."""
     if prog.scans or len(prog.equations) < 2 * MIN_REPEATS:
         return prog
-    exact = [program_key(prog, e) for e in prog.equations]
-    loose = [fold_key(prog, e) for e in prog.equations]
     # layers may differ only in a scalar (a dropout key's layer index): the literal-blind keys
     # find them, but can also pair up runs that do not fold (Adam's two bias corrections, which
-    # differ in beta only, read different moments) where the exact keys find smaller ones that do:
-    # of the two, the smaller program
+    # differ in beta only, read different moments) where the exact keys find smaller ones that do.
+    # They are tried where the exact keys leave over a quarter of the program unfolded; of the
+    # two, the smaller program
     best: Program | None = None
-    for keys in ([exact] if loose == exact else [exact, loose]):
+    for exact in (True, False):
+        if not exact and best is not None and len(best.equations) <= LOOSE_TRIED * len(prog.equations):
+            break
+        keys = [(program_key if exact else fold_key)(prog, e) for e in prog.equations]
         runs = []
         for run in find_runs(keys):
-            slots = _classify(prog, run)
+            slots = _classify(prog, run, literals_equal=exact)
             if slots is not None and _check_carries(slots) and run.period * run.repeats >= 8:
                 runs.append((run, slots))
         if runs:
-            out = _rewrite(prog, runs)
+            out = _rewrite(prog, runs, literals_equal=exact)
             if pair:
-                out = _choose_pairs(prog, runs, out)
+                out = _choose_pairs(prog, runs, out, exact)
             if best is None or len(out.equations) < len(best.equations):
                 best = out
     if best is None:
@@ -170,7 +174,8 @@ def fold(prog: Program, pair: bool = True) -> Program:
     return best
 
 
-def _choose_pairs(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]], single: Program) -> Program:
+def _choose_pairs(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]], single: Program,
+                  literals_equal: bool) -> Program:
     """The program folded two repeats per body where that still folds most of it, else `single`.
 
     Every loop is paired alike: a loop reading another's values per layer (the backward pass the
@@ -179,13 +184,13 @@ def _choose_pairs(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slo
     whether the next loop's pairs line up with this one's: of leaving it first or last, the
     smaller program. A few layers' loop that pairing leaves mostly unfolded plans faster folded
     singly."""
-    paired = min((_rewrite(prog, runs, lead) for lead in (True, False)), key=lambda p: len(p.equations))
+    paired = min((_rewrite(prog, runs, lead, literals_equal) for lead in (True, False)), key=lambda p: len(p.equations))
     n = len(paired.equations)
     return paired if n <= len(prog.equations) / 2 and n <= PAIR_GROWTH * len(single.equations) else single
 
 
 def _paired(prog: Program, run: Run, root: Callable[[int], int], values: list[ValueInfo],
-            lead_first: bool) -> tuple[Run, dict[tuple[int, int], Slot]] | None:
+            lead_first: bool, literals_equal: bool) -> tuple[Run, dict[tuple[int, int], Slot]] | None:
     """The run folded two repeats per body, or None.
 
     A one-repeat body gives every layer the same layouts. The unrolled optimum of a transformer
@@ -199,7 +204,7 @@ def _paired(prog: Program, run: Run, root: Callable[[int], int], values: list[Va
     best: tuple[int, Run, dict[tuple[int, int], Slot]] | None = None
     for lead in (((1, 0) if lead_first else (0, 1)) if run.repeats % 2 else (0,)):
         twice = Run(run.index(lead, 0), 2 * run.period, (run.repeats - lead) // 2)
-        slots = _classify(prog, twice)
+        slots = _classify(prog, twice, literals_equal)
         if slots is None or not _check_carries(slots):
             continue
         kept = _trim(prog, twice, slots, root, values)
@@ -233,7 +238,8 @@ def _check_carries(slots: dict[tuple[int, int], Slot]) -> bool:
     return True
 
 
-def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]], pair: bool | None = None) -> Program:
+def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]], pair: bool | None = None,
+             literals_equal: bool = False) -> Program:
     """Each run becomes a body (its first repeat, reading carries through tied carry inputs) in a
     region weighted by the repeat count. Every repeat's values alias their body value, and the
     per-repeat inputs of a slot alias each other: the e-graph sees one of each, the runtime
@@ -271,7 +277,8 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]],
             i += 1
             continue
         run, slots = run_at[i]
-        paired = None if pair is None or run.repeats < PAIR_REPEATS else _paired(prog, run, root, values, pair)
+        paired = (None if pair is None or run.repeats < PAIR_REPEATS
+                  else _paired(prog, run, root, values, pair, literals_equal))
         if paired is not None:
             run, slots = paired
             for k in range(i, run.start):  # an odd first repeat runs unfolded (and an odd last)
@@ -291,7 +298,7 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]],
                 e = prog.equations[k]
                 emit(e, list(e.inputs), list(e.outputs), None)
             i = trimmed.start
-            new_slots = _classify(prog, trimmed)
+            new_slots = _classify(prog, trimmed, literals_equal)
             if new_slots is None or not _check_carries(new_slots):
                 continue  # the rest runs unfolded too
             run, slots = trimmed, new_slots
