@@ -23,7 +23,7 @@ from .extract.cost import CostModel
 from .extract.memory import MemoryEstimate, estimate_memory
 from .extract.profile import DeviceProfile, get_profile
 from .extract.result import Extraction
-from .extract.search import EXACT_AUTO_NODES, Problem, best_plan, fit_memory
+from .extract.search import EXACT_AUTO_NODES, SEED_CHAIN_NODES, Problem, best_plan, fit_memory
 from .extract.seeds import seeds
 from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
@@ -201,7 +201,7 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
         ties=tie_list,
         weight=weight,
         # the search is local: training steps also start from data-parallel and ZeRO-3 state
-        seeds=seeds(program, graph, spaces, tie_pairs, arg_pins),
+        seeds=seeds(program, graph, spaces, tie_pairs, arg_pins, hybrids=graph.size <= SEED_CHAIN_NODES),
     )
 
     def full_roots(ex: Extraction) -> Extraction:

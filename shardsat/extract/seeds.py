@@ -30,8 +30,13 @@ def _split(shape: tuple[int, ...], dim: int, spaces: SpaceTable, only: tuple[int
 
 
 def seeds(program: Program, graph: ExportedGraph, spaces: SpaceTable, ties: list[tuple[int, int]],
-          pins: dict[int, int]) -> list[dict[int, int]]:
-    """Seeds as {input group: layout id}; empty when the program carries no state."""
+          pins: dict[int, int], hybrids: bool = True) -> list[dict[int, int]]:
+    """Seeds as {input group: layout id}; empty when the program carries no state. `hybrids`:
+    whether every start gets chain moves (extract/search.py, SEED_CHAIN_NODES). The FSDP + TP
+    starts reach their plans only through chain moves: before them they were behind the best
+    start in every case measured (a llama step on 2x4 625 vs 510 us, ending at 432 vs 507; a
+    folded 24-layer GPT step 22.9 vs 20.0 ms; a 3D-mesh llama step 1130 vs 570 us), so on graphs
+    too big for that they are not tried."""
     if not ties:
         return []
     state = {a for a, _ in ties}
@@ -58,6 +63,8 @@ def seeds(program: Program, graph: ExportedGraph, spaces: SpaceTable, ties: list
     active = list(spaces.mesh.active)
     if len(active) < 2:
         return [dp, zero]
+    if not hybrids:
+        return [zero]
     # several axes: the hybrids below take the data-parallel seed's place (it has never been the
     # best start on such a mesh: GPT, llama, MLP and MoE steps on 2x4, 4x2 and 2x2x2)
     out = [zero]
