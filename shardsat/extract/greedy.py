@@ -495,25 +495,38 @@ class Extractor:
         )
 
     # -- loop-carried state ----------------------------------------------------------------------
-    def _move_tie(self, h: int, rs: list[int], roots: Sequence[tuple[int, frozenset[int] | None]],
-                  root_layouts: list[int], choice: dict[int, int], demand: list[Counter[int]]) -> bool:
-        """Move a state leaf's layout (input placement and every root tied to it together) to the
-        layout that minimises the exact cost of all of them."""
+    def _tie_options(self, h: int, rs: list[int], roots: Sequence[tuple[int, frozenset[int] | None]],
+                     root_layouts: list[int], choice: dict[int, int],
+                     demand: list[Counter[int]]) -> tuple[float, list[tuple[int, float]]] | None:
+        """The exact cost of a state leaf (its placement and every root tied to it) as it is, and
+        with all of them moved to each other layout they allow; None if a root is unplanned."""
         outs = [roots[r][0] for r in rs]
         if any(o not in choice for o in outs):
-            return False
+            return None
         cur = root_layouts[rs[0]]
-        touched = set(outs) | ({h} if h in choice else set())
+        touched = set(outs) | {h}
         before = self._cost_of(touched, choice, demand)
-        best, best_lay = before - EPS - 1e-9 * before, -1
+        options = []
         for lay, node in sorted(self.place_of[h].items()):
             if lay == cur or any(roots[r][1] is not None and lay not in roots[r][1] for r in rs):
                 continue
             if any((o, lay) not in self._class_at for o in outs):
                 continue
             self._retie(h, rs, roots, lay, node, root_layouts, choice, demand)
-            after = self._cost_of(touched, choice, demand)
+            options.append((lay, self._cost_of(touched, choice, demand)))
             self._retie(h, rs, roots, cur, self.place_of[h][cur], root_layouts, choice, demand)
+        return before, options
+
+    def _move_tie(self, h: int, rs: list[int], roots: Sequence[tuple[int, frozenset[int] | None]],
+                  root_layouts: list[int], choice: dict[int, int], demand: list[Counter[int]]) -> bool:
+        """Move a state leaf's layout (input placement and every root tied to it together) to the
+        layout that minimises the exact cost of all of them."""
+        costed = self._tie_options(h, rs, roots, root_layouts, choice, demand)
+        if costed is None:
+            return False
+        before, options = costed
+        best, best_lay = before - EPS - 1e-9 * before, -1
+        for lay, after in options:
             if after < best:
                 best, best_lay = after, lay
         if best_lay < 0:
@@ -852,25 +865,12 @@ class Extractor:
                           demand: list[Counter[int]]) -> tuple[int, float] | None:
         """(layout, extra seconds) of loop-carried state placed and returned in another layout:
         the input and every output tied to it move together, as `_move_tie` moves them."""
-        outs = [roots[r][0] for r in rs]
-        if any(o not in choice for o in outs):
+        costed = self._tie_options(h, rs, roots, root_layouts, choice, demand)
+        if costed is None:
             return None
-        cur = root_layouts[rs[0]]
-        touched = set(outs) | {h}
-        base = self._cost_of(touched, choice, demand)
-        best: tuple[int, float] | None = None
-        for lay, node in sorted(self.place_of[h].items()):
-            if lay == cur or any(roots[r][1] is not None and lay not in roots[r][1] for r in rs):
-                continue
-            if any((o, lay) not in self._class_at for o in outs):
-                continue
-            self._retie(h, rs, roots, lay, node, root_layouts, choice, demand)
-            delta = self._cost_of(touched, choice, demand) - base
-            self._retie(h, rs, roots, cur, self.place_of[h][cur], root_layouts, choice, demand)
-            if math.isfinite(delta) and (best is None or delta < best[1]):
-                best = (lay, delta)
-        self.prod[h] = [self.place_of[h][cur]]
-        return best
+        before, options = costed
+        deltas = [(lay, after - before) for lay, after in options if math.isfinite(after - before)]
+        return min(deltas, key=lambda x: x[1]) if deltas else None
 
     def forget_search(self) -> None:
         """Drop what only the search reads (a plan keeps its extractor for explain())."""
