@@ -145,6 +145,7 @@ class Extractor:
             self.group_classes[grp].append(c)
         self.place_of = {}
         self._steiner_memo: dict[tuple[int, int, frozenset[int]], tuple[float, tuple[tuple[int, int], ...]]] = {}
+        self._row_memo: dict[tuple[int, frozenset[int]], list[float]] = {}
         # per tensor space: neighbourhoods in which a space move was tried and found nothing
         self._space_seen: dict[tuple[int, bool, bool], set[tuple]] = {}
 
@@ -276,6 +277,16 @@ class Extractor:
         out = (total, tuple(sorted(used)))
         self._steiner_memo[key] = out
         return out
+
+    def _steiner_row(self, grp: int, targets: frozenset[int]) -> list[float | None]:
+        """steiner()'s costs to these targets by source row, filled in as `_steiner_at` asks: a
+        chain's dynamic program prices every predecessor layout against the same target set,
+        and a list lookup costs a fraction of steiner()'s keyed one."""
+        key = (self.group_pk[grp], targets)
+        row = self._row_memo.get(key)
+        if row is None:
+            row = self._row_memo[key] = [None] * len(self.paths[self.group_key[grp]].layouts)
+        return row
 
     # -- extraction ------------------------------------------------------------------------------
     def run(
@@ -771,6 +782,7 @@ class Extractor:
             cur: dict[int, tuple[float, int]] = {}
             links: dict[int, int] = {}
             w_memo: dict[tuple[int, ...], tuple[float, int]] = {}
+            prev_rows: list[tuple[int, float, int]] | None = None
             for n in self.prod[grp]:
                 u = unary(i, n)
                 if not math.isfinite(u):
@@ -782,10 +794,28 @@ class Extractor:
                         bv, bn = math.inf, -1
                         t = fixed_sets[i - 1] | frozenset(need)
                         wp = float(self.weight[prev])
-                        for lay, (val, pn) in best[i - 1].items():
-                            tot = val + (wp * steiner(prev, lay, t)[0] if t else 0.0)
-                            if tot < bv:
-                                bv, bn = tot, pn
+                        if prev_rows is None:
+                            index = self.paths[self.group_key[prev]].index
+                            layouts_prev = self.paths[self.group_key[prev]].layouts
+                            # cheapest first: resharding costs are >= 0, so once a layout's own
+                            # value exceeds the best total no later one can win (ties go to the
+                            # earlier layout, as in a scan of all of them)
+                            prev_rows = sorted(((val, k, index[lay], pn) for k, (lay, (val, pn))
+                                                in enumerate(best[i - 1].items())))
+                        row = self._steiner_row(prev, t) if t else None
+                        bk = -1
+                        for val, k, r, pn in prev_rows:
+                            if val > bv:
+                                break
+                            if row is None:
+                                tot = val
+                            else:
+                                c = row[r]
+                                if c is None:
+                                    c = row[r] = steiner(prev, layouts_prev[r], t)[0]
+                                tot = val + wp * c
+                            if tot < bv or (tot == bv and k < bk):
+                                bv, bn, bk = tot, pn, k
                         w_memo[need] = (bv, bn)
                     w, pn = w_memo[need]
                     u += w
@@ -923,11 +953,24 @@ class Extractor:
         # operand layouts still demanded without this value's current use, and their price now
         rest: dict[int, frozenset[int]] = {}
         before: dict[int, float] = {}
+        # a bound: an operand's resharding tree only grows with the layouts asked of it, so no
+        # production saves more on its operands than dropping the current one's demands does
+        saving = 0.0
+        for h, mine in cur_d.items():
+            if h not in choice:
+                return False  # an operand not produced in the current plan: no move is exact
+            d = demand[h]
+            rest[h] = frozenset(k for k, v in d.items() if v > mine.count(k))
+            before[h] = self._own(h, choice[h], frozenset(d))
+            saving += self._own(h, choice[h], rest[h]) - before[h]
         best_delta, best_n = -EPS - 1e-9 * base, -1
+        slack = EPS + 1e-9 * abs(base)  # the bound sums in another order than delta below
         for n in self.prod[grp]:
             if n == cur:
                 continue
             delta = self._own(grp, n, targets) - base
+            if delta + saving > best_delta + slack:
+                continue
             new_d = self._demands(n)
             ok = True
             for h in cur_d.keys() | new_d.keys():
