@@ -116,22 +116,23 @@ class Extractor:
         # production nodes per group, with their child classes
         self.prod: list[list[int]] = [[] for _ in range(G)]
         self.kids: dict[int, tuple[int, ...]] = {}
-        for n in range(g.num_nodes):
-            if NodeKind(int(g.node_kind[n])).is_reshard:
-                continue
-            if not math.isfinite(self.cost[n]):
-                continue
-            grp = int(g.class_group[g.node_class[n]])
-            self.prod[grp].append(n)
-            self.kids[n] = tuple(int(c) for c in g.children(n))
+        kind = np.asarray(g.node_kind)
+        usable = ~((kind >= NodeKind.ALL_GATHER) & (kind <= NodeKind.ALL_TO_ALL)) & np.isfinite(self.cost)
+        ptr = g.child_ptr.tolist()
+        child = g.child_idx.tolist()
+        node_group = g.class_group[g.node_class].tolist()
+        for n in np.flatnonzero(usable).tolist():
+            self.prod[node_group[n]].append(n)
+            self.kids[n] = tuple(child[ptr[n]:ptr[n + 1]])
         self._prod_any = list(self.prod)  # before acyclicity narrows them: for lower_bound
         self._order()
         # hot loops index Python lists: numpy scalar indexing costs ~10x a list lookup
         self.node_layout: list[int] = g.class_layout[g.node_class].tolist()
         self.cost_l: list[float] = np.asarray(self.cost, dtype=float).tolist()
         self.weight_l: list[float] = np.asarray(self.weight, dtype=float).tolist()
+        cg, cl = g.class_group.tolist(), g.class_layout.tolist()
         self.kid_gl: dict[int, tuple[tuple[int, int], ...]] = {
-            n: tuple((int(g.class_group[c]), int(g.class_layout[c])) for c in kids) for n, kids in self.kids.items()}
+            n: tuple((cg[c], cl[c]) for c in kids) for n, kids in self.kids.items()}
         self.group_pk: list[int] = [0] * G
         pk_index: dict[tuple[int, bool], int] = {}
         for grp, key in enumerate(self.group_key):
@@ -166,10 +167,11 @@ class Extractor:
         parents: list[set[int]] = [set() for _ in range(G)]
         indeg = [0] * G
         child_groups: list[set[int]] = [set() for _ in range(G)]
+        cg = g.class_group.tolist()
         for grp in range(G):
             for n in self.prod[grp]:
                 for c in self.kids[n]:
-                    h = int(g.class_group[c])
+                    h = cg[c]
                     if h != grp:
                         child_groups[grp].add(h)
         for grp in range(G):
@@ -196,12 +198,10 @@ class Extractor:
         self.rank[order] = np.arange(G)
         self.parents = parents
         # a production is usable only if its operands come strictly earlier (acyclic plans)
+        rank = self.rank.tolist()
         for grp in range(G):
-            r = self.rank[grp]
-            self.prod[grp] = [
-                n for n in self.prod[grp]
-                if all(self.rank[int(g.class_group[c])] < r for c in self.kids[n])
-            ]
+            r = rank[grp]
+            self.prod[grp] = [n for n in self.prod[grp] if all(rank[cg[c]] < r for c in self.kids[n])]
 
     # -- a bound -------------------------------------------------------------------------------
     def lower_bound(self, roots: Sequence[tuple[int, frozenset[int] | None]]) -> float:
