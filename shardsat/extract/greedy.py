@@ -758,8 +758,15 @@ class Extractor:
                     d[lay] -= 1
         off = {h: Counter({k: v for k, v in d.items() if v > 0}) for h, d in off.items()}
 
+        off_sets = {h: frozenset(d) for h, d in off.items()}
+        empty: frozenset[int] = frozenset()
+        # an off-chain operand's extra cost for one set of demanded layouts: the same for every
+        # production that asks for them
+        op_memo: dict[tuple[int, tuple[int, ...]], float] = {}
+        cost_l = self.cost_l
+
         def unary(i: int, n: int) -> float:
-            v = float(self.cost[n])
+            v = cost_l[n]
             for h, lays in self._demands(n).items():
                 if h in on_chain:
                     if i == 0 or h != chain[i - 1]:
@@ -767,10 +774,13 @@ class Extractor:
                     continue
                 if h not in choice:
                     return math.inf
-                base = off.get(h, Counter())
-                ph = choice[h]
-                v += self._own(h, ph, frozenset(base) | frozenset(lays)) - (
-                    self._own(h, ph, frozenset(base)) if base else float(self.cost[ph]))
+                d = op_memo.get((h, lays))
+                if d is None:
+                    base = off_sets.get(h, empty)
+                    ph = choice[h]
+                    d = op_memo[(h, lays)] = self._own(h, ph, base | frozenset(lays)) - (
+                        self._own(h, ph, base) if base else cost_l[ph])
+                v += d
             return v
 
         layout_of = lambda n: int(g.class_layout[g.node_class[n]])  # noqa: E731
