@@ -690,3 +690,18 @@ def test_committed_args_on_auto_mesh() -> None:
     plan = shardsat.saturate_and_extract(fn, mesh, x, profile="h100", in_shardings=(P("model"),))
     assert plan.in_shardings[0].spec != x.sharding.spec
     assert_equivalent(plan, fn, x)
+
+
+def _unread_free_collective(p: dict[str, jax.Array]) -> tuple[jax.Array, ...]:
+    v3 = p["v2"] + p["v0"]
+    v5 = jax.lax.dot_general(v3, p["v4"], (((0, 1, 2), (2, 1, 0)), ((), ())))
+    jnp.abs(p["v0"])  # traced, unused
+    return jnp.sum(jnp.abs(p["v0"]), axis=0), p["v0"], v5
+
+
+def test_regression_unread_free_collective() -> None:
+    """With free communication the integer program chose an all-gather no one reads (it cost
+    nothing); the plan listed it and XLA dropped it. Plans keep only what their outputs reach."""
+    args = {"v0": normal(6, 2, 8), "v1": normal(2, 3, seed=1), "v2": normal(8, seed=2), "v4": normal(8, 2, 6, seed=3)}
+    check_fn(_unread_free_collective, make_mesh("2x4", "explicit"), [args],
+             ({"v0": None, "v1": None, "v2": P("model"), "v4": None},), (None, None, None), CHEAP_COMM)

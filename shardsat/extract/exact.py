@@ -231,11 +231,38 @@ def _group_rank(g: ExportedGraph, nodes_of: list[list[int]], kids: list[np.ndarr
 
 def _to_extraction(g, chosen, node_cost, group_space, model, combinable, roots, ties, tie_vars, x, cidx, nx,
                    partial_layouts, weight) -> Extraction:
-    prod: dict[int, int] = {}
-    steps: dict[int, list[ReshardStep]] = {}
     materialized: dict[int, set[int]] = {}
     for n in chosen:
         c = int(g.node_class[n])
+        materialized.setdefault(int(g.class_group[c]), set()).add(int(g.class_layout[c]))
+    root_layouts = []
+    tied = {ri: t for t, (_, ri) in enumerate(ties)}
+    for ri, (grp, allowed) in enumerate(roots):
+        if ri in tied:
+            lay = next(lay for t, lay, c_ in tie_vars if t == tied[ri] and x[c_] > 0.5)
+        else:
+            cands = sorted(lay for lay in materialized.get(grp, ()) if lay not in partial_layouts
+                           and (allowed is None or lay in allowed))
+            lay = cands[0]
+        root_layouts.append(lay)
+    # only what the roots reach: a free node (a collective of no cost) may be chosen and read by
+    # no one, and the compiler would drop it from the program the plan predicts
+    node_of = {int(g.node_class[n]): n for n in chosen}
+    class_at = {(int(g.class_group[c]), int(g.class_layout[c])): c for c in node_of}
+    stack = [class_at[(grp, lay)] for (grp, _), lay in zip(roots, root_layouts, strict=True)]
+    needed: set[int] = set()
+    while stack:
+        c = stack.pop()
+        if c not in needed:
+            needed.add(c)
+            stack.extend(int(k) for k in g.children(node_of[c]))
+    prod: dict[int, int] = {}
+    steps: dict[int, list[ReshardStep]] = {}
+    materialized = {}
+    for n in chosen:
+        c = int(g.node_class[n])
+        if c not in needed:
+            continue
         grp = int(g.class_group[c])
         materialized.setdefault(grp, set()).add(int(g.class_layout[c]))
         kind = NodeKind(int(g.node_kind[n]))
@@ -248,16 +275,6 @@ def _to_extraction(g, chosen, node_cost, group_space, model, combinable, roots, 
                                                          cc.seconds, cc.moved_bytes, cc.buffer_bytes))
         else:
             prod[grp] = n
-    root_layouts = []
-    tied = {ri: t for t, (_, ri) in enumerate(ties)}
-    for ri, (grp, allowed) in enumerate(roots):
-        if ri in tied:
-            lay = next(lay for t, lay, c_ in tie_vars if t == tied[ri] and x[c_] > 0.5)
-        else:
-            cands = sorted(lay for lay in materialized.get(grp, ()) if lay not in partial_layouts
-                           and (allowed is None or lay in allowed))
-            lay = cands[0]
-        root_layouts.append(lay)
     choices = {}
     total = 0.0
     for grp, n in prod.items():
