@@ -200,8 +200,10 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
         roots=roots, place_pins={graph.value_group[program.args[pos]]: lay for pos, lay in arg_pins.items()},
         ties=tie_list,
         weight=weight,
-        # the search is local: training steps also start from data-parallel and ZeRO-3 state
-        seeds=seeds(program, graph, spaces, tie_pairs, arg_pins, hybrids=graph.size <= SEED_CHAIN_NODES),
+        # the search is local: training steps also start from data-parallel and ZeRO-3 state,
+        # and where it pays from FSDP + TP (see extract/seeds.py)
+        seeds=seeds(program, graph, spaces, tie_pairs, arg_pins,
+                    hybrids=graph.size <= SEED_CHAIN_NODES or len(spaces.mesh.active) >= 3),
     )
 
     def full_roots(ex: Extraction) -> Extraction:

@@ -32,12 +32,12 @@ def _split(shape: tuple[int, ...], dim: int, spaces: SpaceTable, only: tuple[int
 
 def seeds(program: Program, graph: ExportedGraph, spaces: SpaceTable, ties: list[tuple[int, int]],
           pins: dict[int, int], hybrids: bool = True) -> list[dict[int, int]]:
-    """Seeds as {input group: layout id}. `hybrids`:
-    whether every start gets chain moves (extract/search.py, SEED_CHAIN_NODES). The FSDP + TP
-    starts reach their plans only through chain moves: before them they were behind the best
-    start in every case measured (a llama step on 2x4 625 vs 510 us, ending at 432 vs 507; a
-    folded 24-layer GPT step 22.9 vs 20.0 ms; a 3D-mesh llama step 1130 vs 570 us), so on graphs
-    too big for that they are not tried."""
+    """Seeds as {input group: layout id}. `hybrids`: whether to try the FSDP + TP starts. They
+    reach their plans mostly through chain moves, so the caller tries them where every start gets
+    chain moves (extract/search.py, SEED_CHAIN_NODES) and on meshes of three axes, where the
+    other starts are poorest: before chain moves they were behind on 2x4 (a llama step 625 vs
+    510 us, ending at 432 vs 507; a folded 24-layer GPT step 22.9 vs 20.0 ms) but ahead on 2x2x2
+    (a GPT step 548 vs 606 us, polished to 514 against 592; a llama step 547 vs 589, to 504)."""
     if not ties:
         return _forward_seeds(program, graph, spaces, pins) if hybrids else []
     state = {a for a, _ in ties}
