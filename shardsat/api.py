@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -23,7 +24,14 @@ from .extract.cost import CostModel
 from .extract.memory import MemoryEstimate, estimate_memory
 from .extract.profile import DeviceProfile, get_profile
 from .extract.result import Extraction
-from .extract.search import EXACT_AUTO_NODES, SEED_CHAIN_NODES, Problem, best_plan, fit_memory
+from .extract.search import (
+    EXACT_AUTO_NODES,
+    SEED_CHAIN_NODES,
+    MemoryNotMetError,
+    Problem,
+    best_plan,
+    fit_memory,
+)
 from .extract.seeds import seeds
 from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
@@ -59,7 +67,7 @@ def saturate_and_extract(
     in_shardings: Any = None,
     out_shardings: Any = None,
     state_argnums: Any = None,
-    memory_limit: int | None = None,
+    memory_limit: int | str | None = "device",
     extraction: str = "auto",
     progress: bool | None = None,
     fold_loops: bool | None = None,
@@ -84,7 +92,9 @@ def saturate_and_extract(
       are donated. "auto" ties every argument that comes back.
     memory_limit: bytes per device the plan may use (arguments plus the peak of intermediates,
       as `plan.cost.memory.total` estimates it); raises NoPlanError naming the smallest plan
-      found if none fits.
+      found if none fits. "device" (the default): the profile's `memory_bytes` (H100: 60 GB,
+      JAX's default 75% of HBM), where no fitting plan gives the smallest one found and a
+      warning instead of an error; None: no limit.
     extraction: "greedy" (DAG-aware greedy with exact local moves), "exact" (also the integer
       program, within the time limit; the report gives its optimality gap) or "auto" (the
       integer program on small e-graphs only).
@@ -116,7 +126,7 @@ def _collector_paused() -> Iterator[None]:
 
 def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], profile: DeviceProfile | str | None,
           limits: Limits | None, fallback: str | None, rules: Sequence[Ruleset | Rewrite], in_shardings: Any,
-          out_shardings: Any, state_argnums: Any, memory_limit: int | None, extraction: str,
+          out_shardings: Any, state_argnums: Any, memory_limit: int | str | None, extraction: str,
           progress: bool | None, fold_loops: bool | None) -> Plan:
     if not isinstance(mesh, Mesh):
         raise InvalidMeshError(
@@ -129,6 +139,7 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
     method = extraction
     platform = mesh.devices.flat[0].platform
     prof = get_profile(profile, platform)
+    limit = _memory_limit(memory_limit, prof)
     start = time.perf_counter()
     deadline = start + limits.seconds
     shown = Progress(progress)
@@ -223,8 +234,18 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
         if method not in ("auto", "greedy", "exact"):
             raise InvalidArgumentError(f"extraction must be 'auto', 'greedy' or 'exact', got {method!r}.")
         extraction = full_roots(best_plan(problem, node_cost, deadline, method))
-        if memory_limit is not None:
-            extraction, _ = fit_memory(problem, extraction, int(memory_limit), memory_of, deadline)
+        memory = None
+        if limit is not None:
+            try:
+                extraction, memory = fit_memory(problem, extraction, limit, memory_of, deadline)
+            except MemoryNotMetError as e:
+                if memory_limit != "device":
+                    raise
+                # the device's own memory: a plan that does not fit is still the best answer
+                # to give, with a warning (the estimate has no rematerialisation, for one)
+                extraction, memory = e.smallest, e.memory
+                warnings.warn(f"{e} Returning that plan: it may not fit on {prof.name} devices.",
+                              ResourceWarning, stacklevel=4)
             extraction = full_roots(extraction)
     except NoPlanError as e:
         if sat.stop_reason == StopReason.SATURATED:
@@ -270,11 +291,24 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
         arg_pins=arg_pins,
         ties=tie_pairs,
         state_argnums=_argnums_of(program, [a for a, _ in tie_pairs]),
+        memory=memory,
     )
-    if memory_limit is not None and plan.cost.memory is not None:
-        report.memory_limit = int(memory_limit)
-        report.memory_headroom = int(memory_limit) - plan.cost.memory.total
+    if limit is not None and plan.cost.memory is not None:
+        report.memory_limit = limit
+        report.memory_headroom = limit - plan.cost.memory.total
     return plan
+
+
+def _memory_limit(memory_limit: int | str | None, profile: DeviceProfile) -> int | None:
+    """Bytes per device the plan may use, or None for no limit."""
+    if memory_limit is None:
+        return None
+    if memory_limit == "device":
+        return None if profile.memory_bytes is None else int(profile.memory_bytes)
+    if isinstance(memory_limit, str) or not memory_limit > 0:
+        raise InvalidArgumentError(
+            f"memory_limit must be a positive number of bytes per device, 'device' or None, got {memory_limit!r}.")
+    return int(memory_limit)
 
 
 def describe_group(program: Any, graph: Any, grp: int) -> str:

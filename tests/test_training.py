@@ -1,5 +1,6 @@
 """Training steps: loop-carried state, weight-update sharding from the algebra, memory."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -99,6 +100,33 @@ def test_memory_limit_forces_sharding_or_errors(data8):
     with pytest.raises(shardsat.NoPlanError, match="smallest plan found needs"):
         shardsat.saturate_and_extract(step, data8, state, batch, profile="h100", state_argnums=(0,),
                                       memory_limit=1024)
+
+
+def test_device_memory_is_the_default_limit(data8):
+    """By default a plan fits the profile's device memory: a model that does not fit replicated
+    is sharded without being asked. Where nothing fits, the default gives the smallest plan and
+    a warning (an explicit limit raises); memory_limit=None plans for time alone."""
+    step, state, batch = abstract_state(GPTConfig(layers=1, d_model=256, heads=4, mlp=1024, vocab=2048,
+                                                  seq=64, batch=8, embed="onehot"))
+    rep = jax.tree_util.tree_map(lambda _: P(), state)
+    dp = shardsat.saturate_and_extract(step, data8, state, batch, profile="h100", state_argnums=(0,),
+                                       in_shardings=(rep, None))
+    assert dp.report.memory_limit == int(shardsat.PRESETS["h100"].memory_bytes)
+    small = dataclasses.replace(shardsat.PRESETS["h100"], memory_bytes=dp.cost.memory.total // 2)
+    plan = shardsat.saturate_and_extract(step, data8, state, batch, profile=small, state_argnums=(0,))
+    assert plan.cost.memory.total <= small.memory_bytes
+    assert plan.report.memory_headroom == small.memory_bytes - plan.cost.memory.total >= 0
+    assert moment_bytes(plan) < full_moment_bytes(plan)
+    unlimited = shardsat.saturate_and_extract(step, data8, state, batch, profile=small, state_argnums=(0,),
+                                              memory_limit=None)
+    assert unlimited.report.memory_limit is None and unlimited.report.memory_headroom is None
+    tiny = dataclasses.replace(small, memory_bytes=1024)
+    with pytest.warns(ResourceWarning, match="smallest plan found needs"):
+        smallest = shardsat.saturate_and_extract(step, data8, state, batch, profile=tiny, state_argnums=(0,))
+    assert smallest.report.memory_headroom < 0
+    assert smallest.cost.memory.total <= plan.cost.memory.total
+    with pytest.raises(shardsat.InvalidArgumentError, match="memory_limit"):
+        shardsat.saturate_and_extract(step, data8, state, batch, profile=tiny, memory_limit=-1)
 
 
 def test_iterated_steps_match_unsharded(data8):

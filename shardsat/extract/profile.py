@@ -27,6 +27,10 @@ class DeviceProfile:
     # (xla_gpu_*_combine_threshold_bytes); at most `combine_max` share one latency.
     combine_threshold_bytes: float = 32 * 2**20
     combine_max: int = 16
+    # bytes per device a program may use: saturate_and_extract's default memory_limit (None: no
+    # limit). GPU presets take JAX's default allocator pool, 75% of HBM
+    # (XLA_PYTHON_CLIENT_MEM_FRACTION).
+    memory_bytes: float | None = None
 
     def __post_init__(self) -> None:
         for label, v in (("flops_per_s", self.flops_per_s), ("hbm_bytes_per_s", self.hbm_bytes_per_s)):
@@ -36,6 +40,8 @@ class DeviceProfile:
             vals = r.values() if isinstance(r, Mapping) else [r]
             if any(not (v >= 0) for v in vals):
                 raise InvalidArgumentError(f"DeviceProfile.{label} must be non-negative, got {r}.")
+        if self.memory_bytes is not None and not self.memory_bytes > 0:
+            raise InvalidArgumentError(f"DeviceProfile.memory_bytes must be positive or None, got {self.memory_bytes}.")
         if isinstance(self.link_bytes_per_s, Mapping):
             if any(not v > 0 for v in self.link_bytes_per_s.values()):
                 raise InvalidArgumentError("DeviceProfile.link_bytes_per_s must be positive.")
@@ -71,12 +77,12 @@ def _per_axis(rate: Rate, axis: str, label: str) -> float:
 
 
 PRESETS: dict[str, DeviceProfile] = {
-    # H100 SXM: 989 TFLOP/s dense bf16, 3.35 TB/s HBM3, NVLink 4: 450 GB/s per direction.
-    "h100": DeviceProfile(989e12, 3.35e12, 450e9, 5e-6, name="h100"),
-    # H200 SXM: same compute as H100, 4.8 TB/s HBM3e, NVLink 4.
-    "h200": DeviceProfile(989e12, 4.8e12, 450e9, 5e-6, name="h200"),
-    # TPU v5e: 197 TFLOP/s bf16, 819 GB/s HBM, ICI ~100 GB/s per axis direction (2D torus).
-    "tpu_v5e": DeviceProfile(197e12, 819e9, 100e9, 2e-6, name="tpu_v5e"),
+    # H100 SXM: 989 TFLOP/s dense bf16, 3.35 TB/s HBM3 (80 GB), NVLink 4: 450 GB/s per direction.
+    "h100": DeviceProfile(989e12, 3.35e12, 450e9, 5e-6, name="h100", memory_bytes=0.75 * 80e9),
+    # H200 SXM: same compute as H100, 4.8 TB/s HBM3e (141 GB), NVLink 4.
+    "h200": DeviceProfile(989e12, 4.8e12, 450e9, 5e-6, name="h200", memory_bytes=0.75 * 141e9),
+    # TPU v5e: 197 TFLOP/s bf16, 819 GB/s HBM (16 GiB), ICI ~100 GB/s per axis direction (2D torus).
+    "tpu_v5e": DeviceProfile(197e12, 819e9, 100e9, 2e-6, name="tpu_v5e", memory_bytes=16 * 2**30),
     # A host CPU "device": simulated devices share memory; numbers of a few-core server.
     "cpu": DeviceProfile(1e11, 2e10, 1e10, 2e-5, name="cpu"),
 }

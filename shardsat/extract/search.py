@@ -158,6 +158,15 @@ def node_bytes(p: Problem) -> np.ndarray:
     return out
 
 
+class MemoryNotMetError(NoPlanError):
+    """No plan found fits the memory limit; carries the smallest one found."""
+
+    def __init__(self, smallest: Extraction, memory: MemoryEstimate, message: str) -> None:
+        super().__init__(message)
+        self.smallest = smallest
+        self.memory = memory
+
+
 def fit_memory(
     p: Problem,
     first: Extraction,
@@ -173,6 +182,7 @@ def fit_memory(
     weights = node_bytes(p)
     lam = first.total_s / max(mem.total, 1)
     smallest = (mem.total, mem)
+    smallest_plan = first
     fit: tuple[Extraction, MemoryEstimate, float] | None = None
     low = 0.0
     for _ in range(steps):
@@ -181,7 +191,7 @@ def fit_memory(
         ex = _reprice(best_plan(p, p.node_cost + lam * weights, deadline, "greedy"), p.node_cost)
         m = estimate(ex)
         if m.total < smallest[0]:
-            smallest = (m.total, m)
+            smallest, smallest_plan = (m.total, m), ex
         if m.total <= limit:
             fit = (ex, m, lam)
             break
@@ -189,7 +199,7 @@ def fit_memory(
         lam *= 4.0
     if fit is None:
         m = smallest[1]
-        raise NoPlanError(
+        raise MemoryNotMetError(smallest_plan, m,
             f"No plan fits memory_limit={limit:,} bytes per device. The smallest plan found needs "
             f"{smallest[0]:,} bytes (parameters {m.parameters:,}, optimizer state {m.optimizer_state:,}, "
             f"inputs {m.inputs:,}, peak intermediates {m.activations_peak:,}). Consider a larger mesh, "
@@ -213,4 +223,4 @@ def fit_memory(
     return ex, m
 
 
-__all__ = ["Problem", "best_plan", "fit_memory"]
+__all__ = ["MemoryNotMetError", "Problem", "best_plan", "fit_memory"]

@@ -214,6 +214,7 @@ class Plan:
         arg_pins: dict[int, int] | None = None,
         ties: list[tuple[int, int]] | None = None,
         state_argnums: list[int] | None = None,
+        memory: MemoryEstimate | None = None,
     ) -> None:
         self.fn = fn
         self.program = program
@@ -232,7 +233,7 @@ class Plan:
         self.state_argnums = tuple(state_argnums or ())
         self._layouts = spaces.layouts.layouts
         self._assign()
-        self.cost = self._cost()
+        self.cost = self._cost(memory)
         self._jitted: Any = None
 
     # -- assignment -----------------------------------------------------------------------------
@@ -426,7 +427,8 @@ class Plan:
                 out.setdefault((g.value_group[o], lid), []).append(f"output {prog.out_paths[k]}")
         return out
 
-    def _cost(self) -> PlanCost:
+    def _cost(self, memory: MemoryEstimate | None = None) -> PlanCost:
+        """memory: the plan's estimate where the caller already has it."""
         ex = self.extraction
         compute = 0.0
         comm = 0.0
@@ -476,9 +478,10 @@ class Plan:
                 continue
             v = self.program.values[o]
             out_bytes += self.spaces.shard_bytes(self.spaces.space(v.shape, v.dtype), lid)
-        memory = estimate_memory(
-            self.program, self.graph, self.spaces, ex,
-            state_args=frozenset(a for a, _ in self.ties), donated_outputs=frozenset(k for _, k in self.ties))
+        if memory is None:
+            memory = estimate_memory(
+                self.program, self.graph, self.spaces, ex,
+                state_args=frozenset(a for a, _ in self.ties), donated_outputs=frozenset(k for _, k in self.ties))
         flops = update = update_full = 0.0
         if self.model is not None:
             before, after = heavy_roles(self.program)
