@@ -129,6 +129,38 @@ def test_device_memory_is_the_default_limit(data8):
         shardsat.saturate_and_extract(step, data8, state, batch, profile=tiny, memory_limit=-1)
 
 
+MEGATRON = {"wq": (None, "model", None), "wk": (None, "model", None), "wv": (None, "model", None),
+            "wo": ("model", None, None), "w1": (None, "model"), "b1": ("model",), "w2": ("model", None),
+            "embed": ("model", None), "unembed": (None, "model")}
+
+
+def fsdp_tp(path, leaf):
+    """Megatron's split over `model`, then `data` on the largest other dimension it divides."""
+    if not leaf.shape:
+        return P()
+    parts = list(MEGATRON.get(getattr(path[-1], "key", None), (None,) * len(leaf.shape)))
+    for d in sorted(range(len(leaf.shape)), key=lambda d: (-leaf.shape[d], d)):
+        if parts[d] is None and leaf.shape[d] % 4 == 0:
+            parts[d] = "data"
+            break
+    return P(*parts)
+
+
+def test_free_plan_is_no_costlier_than_pinned_fsdp_tp():
+    """The expert layout of a GPT step on 4x2 (weights FSDP over data x Megatron over model)
+    lies in the search space, so the free plan must not cost more. Before the memory-pressure
+    restarts (extract/search.py) it did: 386.7 us against 380.9 with everything pinned."""
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    step, state, batch = abstract_state(GPTConfig(layers=2, d_model=512, heads=8, mlp=2048, vocab=4096,
+                                                  seq=128, batch=16))
+    free = shardsat.saturate_and_extract(step, mesh, state, batch, profile="h100", state_argnums=(0,))
+    pins = jax.tree_util.tree_map_with_path(fsdp_tp, state)  # Adam's moments as their weights
+    expert = shardsat.saturate_and_extract(step, mesh, state, batch, profile="h100", state_argnums=(0,),
+                                           in_shardings=(pins, None))
+    assert free.cost.total_s <= expert.cost.total_s * (1 + 1e-9), (free.explain(), expert.explain())
+    assert_hlo_matches(free, state, batch)
+
+
 def test_iterated_steps_match_unsharded(data8):
     # Adam divides by sqrt(v) + eps: with optax's default eps=1e-8, gradient entries near 1e-8
     # turn summation-order rounding (which differs between any two compilations) into O(lr)
