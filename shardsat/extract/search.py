@@ -84,9 +84,11 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
     deep = bool(p.weight.max() >= DEEP_WEIGHT)  # the deep-loop start replaces the estimate
     runs = [] if deep else [ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties,
                                    explain=False, chains=small)]
+    starts: list[dict[int, int] | None] = [] if deep else [None]  # each run's seed
     for seed in p.seeds:
         if time.perf_counter() >= deadline:
             break
+        starts.append(seed)
         runs.append(ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, seed=seed,
                            explain=False, chains=small))
     spent = sum(r.seconds for r in runs)
@@ -103,6 +105,7 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
         first = ex.resume(first, p.roots, deadline=deadline, explain=False, chains=small)
         spent += first.seconds
         runs.append(first)
+        starts.append(None)
     if not small:
         ranked = sorted(range(len(runs)), key=lambda i: (runs[i].total_s, i))
         within = POLISH_WITHIN * runs[ranked[0]].total_s
@@ -112,8 +115,12 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
             runs[i] = ex.resume(runs[i], p.roots, deadline=deadline, explain=False)
             spent += runs[i].seconds
     best = min(runs, key=lambda r: r.total_s)
-    if restarts and small:
-        best, more = _pressure_restarts(p, ex, node_cost, best, deadline)
+    if restarts:
+        # every start where each gets chain moves; on bigger graphs only the best one's, and
+        # only on meshes of three axes (2x2x2 llama step 504 -> 331 us, GPT 514 -> 438, ~+7 s;
+        # a folded 24-layer GPT step on 2x4 gained nothing in ~1.5 s of its 10 s budget)
+        again = starts if small else [starts[runs.index(best)]] if len(p.spaces.mesh.active) >= 3 else []
+        best, more = _pressure_restarts(p, ex, node_cost, best, again, deadline)
         spent += more
     best.explainer = ex.explain
     ex.forget_search()
@@ -141,7 +148,7 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
 
 
 def _pressure_restarts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction,
-                       deadline: float) -> tuple[Extraction, float]:
+                       starts: list[dict[int, int] | None], deadline: float) -> tuple[Extraction, float]:
     """The starts again with every byte the plan holds priced (arguments, and intermediates at a
     quarter), each then improved at the true costs; the cheapest plan of all. The local search
     settles in plans that compute much redundantly (whole forward passes replicated) and cannot
@@ -150,12 +157,14 @@ def _pressure_restarts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: E
     329 us; on 4x2 387 -> 351 (pinned FSDP + TP 381); llama step on 4x2 405 -> 321, on 2x4
     337 -> 322."""
     spent = 0.0
+    if not starts:
+        return best, spent
     weights = node_bytes(p)
     held = sum(float(weights[ch.node]) for ch in best.choices.values())
     if held <= 0 or not best.total_s > 0:
         return best, spent
     pressed = ex.with_costs(node_cost + PRESSURE * best.total_s / held * weights, p.weight)
-    for seed in [None, *p.seeds]:
+    for seed in starts:
         if time.perf_counter() >= deadline:
             break
         start = pressed.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, explain=False,
