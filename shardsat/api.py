@@ -19,7 +19,7 @@ from .egraph.layout import MeshAxes, SpaceTable
 from .egraph.program import Literal, trace
 from .egraph.rewrite import Rewrite, apply_rewrites
 from .egraph.run import EGraphRun
-from .errors import InvalidArgumentError, InvalidMeshError, NoPlanError
+from .errors import InvalidArgumentError, InvalidMeshError, MemoryLimitWarning, NoPlanError
 from .extract.cost import CostModel
 from .extract.memory import MemoryEstimate, estimate_memory
 from .extract.profile import DeviceProfile, get_profile
@@ -94,7 +94,7 @@ def saturate_and_extract(
       as `plan.cost.memory.total` estimates it); raises NoPlanError naming the smallest plan
       found if none fits. "device" (the default): the profile's `memory_bytes` (H100: 60 GB,
       JAX's default 75% of HBM), where no fitting plan gives the smallest one found and a
-      warning instead of an error; None: no limit.
+      shardsat.MemoryLimitWarning instead of an error; None: no limit.
     extraction: "greedy" (DAG-aware greedy with exact local moves), "exact" (also the integer
       program, within the time limit; the report gives its optimality gap) or "auto" (the
       integer program on small e-graphs only).
@@ -245,7 +245,7 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
                 # to give, with a warning (the estimate has no rematerialisation, for one)
                 extraction, memory = e.smallest, e.memory
                 warnings.warn(f"{e} Returning that plan: it may not fit on {prof.name} devices.",
-                              ResourceWarning, stacklevel=4)
+                              MemoryLimitWarning, stacklevel=3)
             extraction = full_roots(extraction)
     except NoPlanError as e:
         if sat.stop_reason == StopReason.SATURATED:

@@ -41,3 +41,7 @@ class InvalidArgumentError(ShardsatError):
 
 class NoPlanError(ShardsatError):
     """Extraction found no plan (e.g. every plan breaks a constraint)."""
+
+
+class MemoryLimitWarning(UserWarning):
+    """No plan found fits the device's memory (the default memory_limit); the smallest is returned."""

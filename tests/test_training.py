@@ -121,7 +121,7 @@ def test_device_memory_is_the_default_limit(data8):
                                               memory_limit=None)
     assert unlimited.report.memory_limit is None and unlimited.report.memory_headroom is None
     tiny = dataclasses.replace(small, memory_bytes=1024)
-    with pytest.warns(ResourceWarning, match="smallest plan found needs"):
+    with pytest.warns(shardsat.MemoryLimitWarning, match="smallest plan found needs"):
         smallest = shardsat.saturate_and_extract(step, data8, state, batch, profile=tiny, state_argnums=(0,))
     assert smallest.report.memory_headroom < 0
     assert smallest.cost.memory.total <= plan.cost.memory.total
