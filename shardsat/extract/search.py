@@ -116,11 +116,14 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
             spent += runs[i].seconds
     best = min(runs, key=lambda r: r.total_s)
     if restarts:
-        # every start where each gets chain moves; on bigger graphs only the best one's, and
-        # only on meshes of three axes (2x2x2 llama step 504 -> 331 us, GPT 514 -> 438, ~+7 s;
-        # a folded 24-layer GPT step on 2x4 gained nothing in ~1.5 s of its 10 s budget)
-        again = starts if small else [starts[runs.index(best)]] if len(p.spaces.mesh.active) >= 3 else []
-        best, more = _pressure_restarts(p, ex, node_cost, best, again, deadline)
+        # every start where each gets chain moves; on bigger graphs only the best one's, polished
+        # with chain moves on 3-axis meshes only (2x2x2 llama step 504 -> 331 us, GPT 514 -> 438,
+        # ~+7 s); on 2-axis ones without (a 4-layer GPT step d512 on 4x2 976 -> 630 us, its folded
+        # 24-layer step 5456 -> 4080; the folded 24-layer d1024 step of benchmarks/scaling.py
+        # gains nothing, in ~0.5 s)
+        again = starts if small else [starts[runs.index(best)]]
+        best, more = _pressure_restarts(p, ex, node_cost, best, again, deadline,
+                                        polish=small or len(p.spaces.mesh.active) >= 3)
         spent += more
     best.explainer = ex.explain
     ex.forget_search()
@@ -148,9 +151,11 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
 
 
 def _pressure_restarts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction,
-                       starts: list[dict[int, int] | None], deadline: float) -> tuple[Extraction, float]:
+                       starts: list[dict[int, int] | None], deadline: float,
+                       polish: bool = True) -> tuple[Extraction, float]:
     """The starts again with every byte the plan holds priced (arguments, and intermediates at a
-    quarter), each then improved at the true costs; the cheapest plan of all. The local search
+    quarter, per run of a loop body: the pressure is on work as much as on memory), each then
+    improved at the true costs (`polish`: with chain moves); the cheapest plan of all. The local search
     settles in plans that compute much redundantly (whole forward passes replicated) and cannot
     leave them one value, chain or tensor space at a time; pressure towards small per-device
     arrays starts it in the partitioned basin instead. GPT step on 8 devices in a row: 471 ->
@@ -159,7 +164,7 @@ def _pressure_restarts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: E
     spent = 0.0
     if not starts:
         return best, spent
-    weights = node_bytes(p)
+    weights = node_bytes(p, per_run=True)
     held = sum(float(weights[ch.node]) for ch in best.choices.values())
     if held <= 0 or not best.total_s > 0:
         return best, spent
@@ -169,7 +174,7 @@ def _pressure_restarts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: E
             break
         start = pressed.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, explain=False,
                             chains=False, **({} if seed is None else {"seed": seed}))
-        done = ex.resume(start, p.roots, deadline=deadline, explain=False)
+        done = ex.resume(start, p.roots, deadline=deadline, explain=False, chains=polish)
         spent += start.seconds + done.seconds
         if done.total_s < best.total_s - EPS:
             best = done
@@ -183,9 +188,10 @@ def bound_gap(ex: Extraction, lower_bound: float) -> None:
     ex.gap = max(0.0, (ex.total_s - lower_bound) / ex.total_s) if ex.total_s > 0 else 0.0
 
 
-def node_bytes(p: Problem) -> np.ndarray:
+def node_bytes(p: Problem, per_run: bool = False) -> np.ndarray:
     """Bytes per device each e-node holds: a placed argument its shard, a local op's result a
-    quarter of its shard (ACTIVATION_WEIGHT, once however often a scan body runs it)."""
+    quarter of its shard (ACTIVATION_WEIGHT), once however often a scan body runs it, or with
+    `per_run` once per run."""
     g = p.graph
     out = np.zeros(g.num_nodes)
     group_space = [p.value_space[vs[0]] if vs else -1 for vs in g.group_values]
@@ -208,7 +214,7 @@ def node_bytes(p: Problem) -> np.ndarray:
         if kind == NodeKind.PLACE:
             out[n] = shard(sp_id, node_b[n])
         elif kind == NodeKind.LOCAL:
-            out[n] = ACTIVATION_WEIGHT * shard(sp_id, clayout[c]) / weight[grp]
+            out[n] = ACTIVATION_WEIGHT * shard(sp_id, clayout[c]) / (1.0 if per_run else weight[grp])
     return out
 
 
