@@ -73,9 +73,9 @@ def _reprice(ex: Extraction, cost: np.ndarray) -> Extraction:
 def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = "auto",
               restarts: bool = True) -> Extraction:
     """The cheapest plan over the starting points (the estimate, or for deep loops the plan of
-    their shallow copy, then each seed), and on graphs where every start gets chain moves the
-    same starts under memory pressure (`restarts`); then the exact integer program where it is
-    small enough to pay ("auto") or always ("exact")."""
+    their shallow copy, then each seed), and the same starts again under memory pressure
+    (`restarts`: all of them where every start gets chain moves, else the best one); then the
+    exact integer program where it is small enough to pay ("auto") or always ("exact")."""
     ex = Extractor(p.graph, node_cost, p.value_space, p.spaces, p.edges, p.model,
                    describe=p.describe, combinable=p.combinable, weight=p.weight)
     small = p.graph.size <= SEED_CHAIN_NODES
@@ -114,14 +114,15 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
                 break
             runs[i] = ex.resume(runs[i], p.roots, deadline=deadline, explain=False)
             spent += runs[i].seconds
-    best = min(runs, key=lambda r: r.total_s)
+    first_best = min(range(len(runs)), key=lambda i: runs[i].total_s)
+    best = runs[first_best]
     if restarts:
         # every start where each gets chain moves; on bigger graphs only the best one's, polished
         # with chain moves on 3-axis meshes only (2x2x2 llama step 504 -> 331 us, GPT 514 -> 438,
         # ~+7 s); on 2-axis ones without (a 4-layer GPT step d512 on 4x2 976 -> 630 us, its folded
         # 24-layer step 5456 -> 4080; the folded 24-layer d1024 step of benchmarks/scaling.py
         # gains nothing, in ~0.5 s)
-        again = starts if small else [starts[runs.index(best)]]
+        again = starts if small else [starts[first_best]]
         best, more = _pressure_restarts(p, ex, node_cost, best, again, deadline,
                                         polish=small or len(p.spaces.mesh.active) >= 3)
         spent += more
