@@ -146,7 +146,7 @@ class Extractor:
             self.group_classes[grp].append(c)
         self.place_of = {}
         self._steiner_memo: dict[tuple[int, int, frozenset[int]], tuple[float, tuple[tuple[int, int], ...]]] = {}
-        self._row_memo: dict[tuple[int, frozenset[int]], list[float]] = {}
+        self._row_memo: dict[tuple[int, frozenset[int]], list[float | None]] = {}
         # per tensor space: neighbourhoods in which a space move was tried and found nothing
         self._space_seen: dict[tuple[int, bool, bool], set[tuple]] = {}
 
@@ -279,8 +279,8 @@ class Extractor:
         return out
 
     def _steiner_row(self, grp: int, targets: frozenset[int]) -> list[float | None]:
-        """steiner()'s costs to these targets by source row, filled in as `_steiner_at` asks: a
-        chain's dynamic program prices every predecessor layout against the same target set,
+        """steiner()'s costs to these targets by source row (None until the caller fills it in):
+        a chain's dynamic program prices every predecessor layout against the same target set,
         and a list lookup costs a fraction of steiner()'s keyed one."""
         key = (self.group_pk[grp], targets)
         row = self._row_memo.get(key)
