@@ -8,6 +8,7 @@
 from .api import saturate_and_extract
 from .egraph.rewrite import Rewrite
 from .errors import (
+    FallbackWarning,
     InvalidArgumentError,
     InvalidMeshError,
     InvalidSignatureError,
@@ -25,6 +26,7 @@ __all__ = [
     "PRESETS",
     "Collective",
     "DeviceProfile",
+    "FallbackWarning",
     "InvalidArgumentError",
     "InvalidMeshError",
     "InvalidSignatureError",

@@ -15,11 +15,11 @@ from jax.sharding import Mesh
 
 from .egraph.export import export
 from .egraph.fold import fold
-from .egraph.layout import MeshAxes, SpaceTable
-from .egraph.program import Literal, trace
+from .egraph.layout import MeshAxes, SpaceTable, auto_mesh
+from .egraph.program import Literal, Program, trace
 from .egraph.rewrite import Rewrite, apply_rewrites
 from .egraph.run import EGraphRun
-from .errors import InvalidArgumentError, InvalidMeshError, MemoryLimitWarning, NoPlanError
+from .errors import FallbackWarning, InvalidArgumentError, InvalidMeshError, MemoryLimitWarning, NoPlanError
 from .extract.cost import CostModel
 from .extract.memory import MemoryEstimate, estimate_memory
 from .extract.profile import DeviceProfile, get_profile
@@ -37,10 +37,10 @@ from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
 from .pins import resolve_pins, resolve_ties
 from .progress import Progress
-from .rules.apply import grow
+from .rules.apply import Fallback, grow
 from .runtime.plan import Plan, Report
 
-FALLBACKS = (None, "replicate")
+FALLBACKS = ("replicate", "error")
 # Folding trades a little plan freedom (every repeat takes the same layouts, the loop's edges
 # take the body's) for planning time independent of depth: worth it for deep programs only. The
 # threshold is for a mesh of two axes (more than one device on each); each further axis about
@@ -71,6 +71,7 @@ def saturate_and_extract(
     extraction: str = "auto",
     progress: bool | None = None,
     fold_loops: bool | None = None,
+    strict: bool = False,
 ) -> Plan:
     """Plan how to shard `fn(*example_args)` over `mesh`.
 
@@ -78,8 +79,10 @@ def saturate_and_extract(
     profile: a DeviceProfile or a preset name ("h100", "h200", "tpu_v5e", "cpu"); by default the
       preset of the mesh's platform.
     limits: bounds on the search (`shardsat.Limits`); the plan's report says which one stopped it.
-    fallback: "replicate" keeps equations without a sharding rule replicated (listed in the plan)
-      instead of raising UnsupportedPrimitiveError.
+    fallback: "replicate" (the default) keeps an equation no sharding rule applies to replicated:
+      the plan lists it (`plan.report.fallbacks`, `plan.explain()`) and a
+      shardsat.FallbackWarning names it; "error" raises UnsupportedPrimitiveError instead.
+    strict: the same as fallback="error" (for people writing rules).
     rules: algebraic identities (`shardsat.Rewrite(name, lhs, rhs, example_args)`: each match
       of lhs in the program gets rhs as an alternative computation, chosen if cheaper when
       sharded) and extra egglog rulesets saturated with the built-in ones.
@@ -106,7 +109,10 @@ def saturate_and_extract(
       axes, twice that on one, half on three).
     """
     with _collector_paused():
-        return _plan(fn, mesh, example_args, profile, limits, fallback, rules, in_shardings, out_shardings,
+        mode = "error" if strict else fallback or "replicate"
+        if fallback not in (None, *FALLBACKS):
+            raise InvalidArgumentError(f"fallback must be one of {FALLBACKS}, got {fallback!r}.")
+        return _plan(fn, mesh, example_args, profile, limits, mode, rules, in_shardings, out_shardings,
                      state_argnums, memory_limit, extraction, progress, fold_loops)
 
 
@@ -125,7 +131,7 @@ def _collector_paused() -> Iterator[None]:
 
 
 def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], profile: DeviceProfile | str | None,
-          limits: Limits | None, fallback: str | None, rules: Sequence[Ruleset | Rewrite], in_shardings: Any,
+          limits: Limits | None, fallback: str, rules: Sequence[Ruleset | Rewrite], in_shardings: Any,
           out_shardings: Any, state_argnums: Any, memory_limit: int | str | None, extraction: str,
           progress: bool | None, fold_loops: bool | None) -> Plan:
     if not isinstance(mesh, Mesh):
@@ -133,8 +139,6 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
             f"saturate_and_extract needs a jax.sharding.Mesh, got {type(mesh).__name__}. "
             "Consider jax.make_mesh((2, 4), ('data', 'model'))."
         )
-    if fallback not in FALLBACKS:
-        raise InvalidArgumentError(f"fallback must be one of {FALLBACKS}, got {fallback!r}.")
     limits = limits or Limits()
     method = extraction
     platform = mesh.devices.flat[0].platform
@@ -143,7 +147,7 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
     start = time.perf_counter()
     deadline = start + limits.seconds
     shown = Progress(progress)
-    program = trace(fn, example_args)
+    program = trace(fn, example_args, auto_mesh(mesh))
     rewrites = [r for r in rules if isinstance(r, Rewrite)]
     rulesets = [r for r in rules if not isinstance(r, Rewrite)]
     program = apply_rewrites(program, rewrites)
@@ -166,6 +170,8 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
             graph.value_group[a] = graph.value_group[program.alias(a)]
     finally:
         run.close()
+    if tables.fallbacks:
+        warnings.warn(_fallback_message(program.name, tables.fallbacks), FallbackWarning, stacklevel=3)
     t1 = time.perf_counter()
     model = CostModel(prof, spaces, tables)
     combinable = combinable_groups(program, graph)
@@ -183,28 +189,7 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
             weight[grp] = max(max(program.value_multiplicity(v), stand_for.get(v, 1))
                               for v in vids)
     node_cost = model.node_costs(graph, run.value_space, combinable) * weight[graph.class_group[graph.node_class]]
-    roots = []
-    root_of: dict[int, int] = {}
-    for k, o in enumerate(program.outputs):
-        if isinstance(o, Literal):
-            continue
-        root_of[k] = len(roots)
-        roots.append((graph.value_group[o], None if k not in out_pins else frozenset({out_pins[k]})))
-    n_out_roots = len(roots)
-    tie_list = [(graph.value_group[program.args[a]], root_of[k]) for a, k in tie_pairs if k in root_of]
-    # scan carries: placed in one layout, which the body's carry-out and the initial carry meet
-    carry_root: dict[int, int] = {}
-    for scan in program.scans:
-        for v in scan.extra_reads:  # read by a folded loop's replay, outside its body's operands
-            if v in graph.value_group:
-                roots.append((graph.value_group[v], None))
-        for k, cin in enumerate(scan.carry_in):
-            h = graph.value_group[cin]
-            for atom in (scan.carry_out[k], scan.init[k]):
-                if isinstance(atom, int) and atom in graph.value_group:
-                    carry_root.setdefault(cin, len(roots))
-                    tie_list.append((h, len(roots)))
-                    roots.append((graph.value_group[atom], None))
+    roots, n_out_roots, tie_list, carry_root = _roots(program, graph, spaces, out_pins, tie_pairs)
     problem = Problem(
         graph=graph, node_cost=node_cost, value_space=run.value_space, spaces=spaces, edges=tables.edges,
         model=model, combinable=combinable, describe=lambda grp: describe_group(program, graph, grp),
@@ -233,7 +218,7 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
     try:
         if method not in ("auto", "greedy", "exact"):
             raise InvalidArgumentError(f"extraction must be 'auto', 'greedy' or 'exact', got {method!r}.")
-        extraction = full_roots(best_plan(problem, node_cost, deadline, method))
+        extraction = full_roots(best_plan(problem, node_cost, deadline, method, exact_seconds=limits.exact_seconds))
         memory = None
         if limit is not None:
             try:
@@ -274,8 +259,9 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
         sweeps=extraction.sweeps,
         gap=extraction.gap,
         lower_bound_s=extraction.lower_bound_s,
+        exact_status=extraction.exact_status,
         equations=len(program.equations),
-        fallbacks=[f"{name} at {src}" for _, name, src in tables.fallbacks],
+        fallbacks=[str(f) for f in tables.fallbacks],
     )
     plan = Plan(
         fn=fn,
@@ -297,6 +283,57 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
         report.memory_limit = limit
         report.memory_headroom = limit - plan.cost.memory.total
     return plan
+
+
+def _roots(program: Program, graph: Any, spaces: SpaceTable, out_pins: dict[int, int],
+           tie_pairs: list[tuple[int, int]]) -> tuple[list[tuple[int, frozenset[int] | None]], int,
+                                                     list[tuple[int, int]], dict[int, int]]:
+    """What extraction must compute: the outputs (pinned ones in their layout) first, then what
+    the program needs beyond them: loop carries tied to one layout, while predicates, and what
+    side effects read or make. Returns (roots, outputs' count, ties (group, root), carry input ->
+    its root)."""
+    roots: list[tuple[int, frozenset[int] | None]] = []
+    root_of: dict[int, int] = {}
+    for k, o in enumerate(program.outputs):
+        if isinstance(o, Literal):
+            continue
+        root_of[k] = len(roots)
+        roots.append((graph.value_group[o], None if k not in out_pins else frozenset({out_pins[k]})))
+    n_out_roots = len(roots)
+    tie_list = [(graph.value_group[program.args[a]], root_of[k]) for a, k in tie_pairs if k in root_of]
+    # scan carries: placed in one layout, which the body's carry-out and the initial carry meet
+    carry_root: dict[int, int] = {}
+    for scan in program.scans:
+        for v in scan.extra_reads:  # read by a folded loop's replay, outside its body's operands
+            if v in graph.value_group:
+                roots.append((graph.value_group[v], None))
+        for k, cin in enumerate(scan.carry_in):
+            h = graph.value_group[cin]
+            for atom in (scan.carry_out[k], scan.init[k]):
+                if isinstance(atom, int) and atom in graph.value_group:
+                    carry_root.setdefault(cin, len(roots))
+                    tie_list.append((h, len(roots)))
+                    roots.append((graph.value_group[atom], None))
+    for v, whole in program.required_values():
+        if v in graph.value_group:
+            sp = spaces.space(program.values[v].shape, program.values[v].dtype)
+            roots.append((graph.value_group[v], frozenset({sp.layouts[0]}) if whole else None))
+    return roots, n_out_roots, tie_list, carry_root
+
+
+def _fallback_message(name: str, fallbacks: list[Fallback]) -> str:
+    """One warning for every equation kept replicated, grouped by primitive and reason."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for f in fallbacks:
+        groups.setdefault((f.primitive, f.reason), []).append(f.source)
+    lines = []
+    for (prim, reason), sources in groups.items():
+        more = f" (+{len(sources) - 3} more)" if len(sources) > 3 else ""
+        lines.append(f"  * `{prim}` at {', '.join(sources[:3])}{more}: {reason}")
+    return (f"shardsat keeps {len(fallbacks)} equation(s) of `{name}` replicated (no sharding rule "
+            "applies):\n" + "\n".join(lines) + "\nThe plan is correct but may be slower than it could "
+            "be; plan.explain() lists them. Consider shardsat.register_signature() to teach shardsat "
+            "the primitive, or strict=True to make this an error.")
 
 
 def _memory_limit(memory_limit: int | str | None, profile: DeviceProfile) -> int | None:

@@ -21,9 +21,8 @@ class UnsupportedPrimitiveError(ShardsatError):
         why = f" ({reason})" if reason else ""
         super().__init__(
             f"shardsat has no sharding rule for primitive `{primitive}`{why}, used at {source}.\n"
-            "Consider saturate_and_extract(..., fallback='replicate') to keep this equation "
-            "replicated (reported in the plan), or shardsat.register_signature() to teach shardsat "
-            "how it shards."
+            "Consider shardsat.register_signature() to teach shardsat how it shards, or leave out "
+            "strict=True / fallback='error' to keep this equation replicated (reported in the plan)."
         )
 
 
@@ -45,3 +44,7 @@ class NoPlanError(ShardsatError):
 
 class MemoryLimitWarning(UserWarning):
     """No plan found fits the device's memory (the default memory_limit); the smallest is returned."""
+
+
+class FallbackWarning(UserWarning):
+    """Equations no sharding rule applies to were kept replicated (the plan lists them)."""

@@ -66,20 +66,59 @@ def test_arrays_committed_to_explicit_mesh_run():
     np.testing.assert_allclose(plan.jit()(w, x), f(jnp.ones((8, 8)), jnp.ones((16, 8))), rtol=1e-6)
 
 
-def test_unknown_and_listed_primitives_error_or_fall_back():
-    def f(x):
-        y = jax.lax.cond(x.sum() > 0, lambda v: v * 2, lambda v: v - 1, x)
-        return jnp.exp(y)
+def _unknown_primitive():
+    from jax.extend.core import Primitive
+    from jax.interpreters import mlir
 
-    x = jnp.ones((8, 4))
-    with pytest.raises(shardsat.UnsupportedPrimitiveError) as info:
-        shardsat.saturate_and_extract(f, mesh24(), x)
-    msg = str(info.value)
-    assert "`cond`" in msg and "test_api.py" in msg and "fallback='replicate'" in msg
-    plan = shardsat.saturate_and_extract(f, mesh24(), x, fallback="replicate")
-    assert any("cond" in s for s in plan.report.fallbacks)
+    prim = Primitive("test_unknown_op")
+
+    def impl(x):
+        return jnp.tanh(x) * 2.0
+
+    prim.def_impl(impl)
+    prim.def_abstract_eval(lambda x: jax.core.ShapedArray(x.shape, x.dtype))
+    mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=False))
+    return prim
+
+
+def test_unknown_primitive_falls_back_with_a_warning_or_errors_when_strict():
+    prim = _unknown_primitive()
+
+    def f(x, w):
+        return jnp.exp(prim.bind(x @ w))
+
+    x, w = jnp.ones((8, 4)), jnp.ones((4, 16)) * 0.1
+    with pytest.warns(shardsat.FallbackWarning) as rec:
+        plan = shardsat.saturate_and_extract(f, mesh24(), x, w)
+    msg = str(rec[0].message)
+    assert "`test_unknown_op`" in msg and "test_api.py" in msg and "strict=True" in msg
+    assert rec[0].filename == __file__  # points at the caller's line
+    assert any("test_unknown_op" in s for s in plan.report.fallbacks)
     assert "Replicated by fallback" in plan.explain()
-    assert_equivalent(plan, f, x)
+    assert_equivalent(plan, f, x, w)
+    for kw in ({"strict": True}, {"fallback": "error"}):
+        with pytest.raises(shardsat.UnsupportedPrimitiveError) as info:
+            shardsat.saturate_and_extract(f, mesh24(), x, w, **kw)
+        assert "`test_unknown_op`" in str(info.value) and "test_api.py" in str(info.value)
+
+
+def test_a_rule_that_fails_on_its_operands_falls_back():
+    """A signature builder that raises (any exception) is a missing rule, not a crash."""
+    prim = _unknown_primitive()
+
+    def broken(t):
+        raise RuntimeError("this rule cannot handle rank " + str(len(t.in_shapes[0])))
+
+    from shardsat.rules import registry
+
+    registry.register(prim.name, broken)
+    try:
+        x = jnp.ones((8, 4))
+        with pytest.warns(shardsat.FallbackWarning, match="cannot handle rank 2"):
+            plan = shardsat.saturate_and_extract(prim.bind, mesh24(), x)
+        assert_equivalent(plan, prim.bind, x)
+    finally:
+        registry.SIGNATURES.pop(prim.name, None)
 
 
 def test_pins_are_hard_and_conflicts_listed():

@@ -158,11 +158,12 @@ def test_function_without_rule_errors_with_suggestion_or_falls_back():
 
     x = jax.random.normal(jax.random.key(1), (16, 64))
     with pytest.raises(shardsat.UnsupportedPrimitiveError) as e:
-        shardsat.saturate_and_extract(f, mesh24(), x)
+        shardsat.saturate_and_extract(f, mesh24(), x, strict=True)
     msg = str(e.value)
     assert "norm_no_rule" in msg and "norm_partition" in msg
     assert 'sharding_rule="..."' in msg and "register_signature(fn" in msg
-    plan = shardsat.saturate_and_extract(f, mesh24(), x, fallback="replicate")
+    with pytest.warns(shardsat.FallbackWarning, match="norm_no_rule"):
+        plan = shardsat.saturate_and_extract(f, mesh24(), x)
     assert any("custom_partitioning" in fb for fb in plan.report.fallbacks)
     check_plan(plan, x)
 

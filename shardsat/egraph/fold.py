@@ -266,7 +266,7 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]],
         for k, o in enumerate(outs):
             values[o] = replace(values[o], producer=idx, output_index=k, region=region)
         equations.append(Equation(idx, e.primitive, e.params, tuple(ins), tuple(outs), e.origin,
-                                  region, e.key))
+                                  region, e.key, e.effects))
 
     run_at = {run.start: (run, slots) for run, slots in runs}
     i = 0

@@ -130,7 +130,7 @@ def equation_key(eqn: Equation, in_shapes: Sequence[tuple[int, ...]], in_dtypes:
     parts.append(",".join([_type_text(s, d) for s, d in zip(out_shapes, out_dtypes, strict=True)]))
     parts.append(repr([(i, _canon(v), str(d)) for i, (lit, v, d) in enumerate(
         zip(literal, literal_values, in_dtypes, strict=True)) if lit]))
-    if unique:  # params we cannot compare: never merge this equation with another
+    if unique or eqn.effects:  # params we cannot compare, or side effects: never merge with another
         parts.append(f"@{eqn.index}")
     digest = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
     name = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in eqn.name)

@@ -7,7 +7,8 @@ function boundaries. Everything later in the pipeline refers to values by their 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,9 @@ class Equation:
     origin: Any
     region: int | None = None  # the scan whose body this equation is in
     key: str | None = None  # content key, once computed (egraph/keys.py)
+    # side effects (a debug print, an io_callback): the equation runs exactly as often as under
+    # jax.jit, so it is never merged with an equal one, dropped, or folded away
+    effects: bool = False
 
     @property
     def name(self) -> str:
@@ -91,7 +95,7 @@ class Equation:
     def source(self) -> str:
         """Where the user's code made this equation ("file:line (function)")."""
         if not isinstance(self.origin, str):
-            self.origin = _Origin(source_info_util.summarize(self.origin), str(self.origin.name_stack))
+            self.origin = _Origin(_summary(self.origin) or "an unknown location", str(self.origin.name_stack))
         return str(self.origin)
 
     @property
@@ -100,6 +104,27 @@ class Equation:
         if isinstance(self.origin, str):
             return getattr(self.origin, "scope", "")
         return str(getattr(self.origin, "name_stack", ""))
+
+
+@dataclass(frozen=True)
+class Nested:
+    """Where an equation inlined from a call (a jit inside jnp.pad, a cond branch) came from: its
+    own SourceInfo, and the origin of the call equation, whose user frame names it when every
+    frame of its own is inside jax."""
+
+    info: Any
+    outer: Any
+
+    @property
+    def name_stack(self) -> Any:
+        return self.info.name_stack
+
+
+def _summary(origin: Any) -> str:
+    """The user's frame of an origin: its own, else that of the call it was inlined from."""
+    if isinstance(origin, Nested):
+        return _summary(origin.info) or _summary(origin.outer)
+    return source_info_util.summarize(origin)
 
 
 class _Origin(str):
@@ -113,17 +138,26 @@ class _Origin(str):
         return out
 
 
-# Pseudo-primitives connecting a scan body to the program around it; never bound.
+# Pseudo-primitives connecting a region (a scan or while body, a cond branch) to the program
+# around it; never bound.
 SCAN_SLICE = jcore.Primitive("scan_slice")  # xs[i]: the iteration's slice of a scanned input
 SCAN_STACK = jcore.Primitive("scan_stack")  # ys: an iteration's output, stacked over iterations
-SCAN_FINAL = jcore.Primitive("scan_final")  # the carry after the last iteration
-SCAN_PSEUDO = frozenset({"scan_slice", "scan_stack", "scan_final"})
+SCAN_FINAL = jcore.Primitive("scan_final")  # the carry after the last iteration (scan or while)
+# a cond's k-th result: (index, branch 0's k-th output, branch 1's, ...), all in one layout
+COND_MERGE = jcore.Primitive("cond_merge")
+SCAN_PSEUDO = frozenset({"scan_slice", "scan_stack", "scan_final", "cond_merge"})
 
 
 @dataclass
 class ScanRegion:
-    """A `lax.scan`: its body is planned once (its values weighted by the iteration count) and its
-    carry keeps one layout from iteration to iteration, like loop-carried state."""
+    """A region of the program run as one unit of control flow, planned once.
+
+    kind "scan": a `lax.scan` body; its values are weighted by the iteration count and its carry
+    keeps one layout from iteration to iteration, like loop-carried state. kind "while": a
+    `lax.while_loop` body, the same with no xs or ys, `length` an estimate of its trip count;
+    its predicate is computed by a sibling region of kind "while_cond" over the same carry
+    values. kind "branch": one branch of a `lax.cond` / `lax.switch`, reading outer values
+    directly; its results meet the other branches' in one layout (COND_MERGE equations)."""
 
     index: int
     length: int
@@ -148,6 +182,10 @@ class ScanRegion:
     # folded body values every repeat computes alike (from the same outer values only): priced
     # once, and the runtime's replay computes them in the first repeat only
     invariant: set[int] = field(default_factory=set)
+    kind: str = "scan"  # "scan", "while", "while_cond" or "branch"
+    pred: Atom | None = None  # while: the predicate, computed in region `cond_region`
+    cond_region: int | None = None  # while: its "while_cond" region
+    outs: list[Atom] = field(default_factory=list)  # branch: its results, in the cond's order
 
     @property
     def folded(self) -> bool:
@@ -209,6 +247,25 @@ class Program:
                     out[a].append((eqn.index, pos))
         return out
 
+    def required_values(self) -> list[tuple[int, bool]]:
+        """Values computed whether or not an output reads them, and whether they must be whole
+        (replicated): a while loop's predicate; every result of an equation or region with side
+        effects (so it runs exactly as under jax.jit); and, whole, the operands of an effect with
+        no results (a debug print), which the runtime runs on whole arrays."""
+        out: list[tuple[int, bool]] = []
+        effectful = {r.index for r in self.scans if r.params.get("effects")}
+        for reg in self.scans:
+            if reg.kind == "while" and isinstance(reg.pred, int):
+                out.append((reg.pred, False))
+        for eqn in self.equations:
+            region_fx = (eqn.name in ("scan_final", "scan_stack") and eqn.params["scan"] in effectful) or (
+                eqn.name == "cond_merge" and bool(effectful.intersection(eqn.params["cond"])))
+            if eqn.effects or region_fx:
+                out.extend((o, False) for o in eqn.outputs)
+            if eqn.effects and not eqn.outputs:
+                out.extend((a, True) for a in eqn.inputs if isinstance(a, int))
+        return out
+
     def shape(self, atom: Atom) -> tuple[int, ...]:
         return () if isinstance(atom, Literal) else self.values[atom].shape
 
@@ -245,11 +302,16 @@ def _path_str(path: tuple[Any, ...]) -> str:
     return jax.tree_util.keystr(path)
 
 
-def trace(fn: Callable[..., Any], args: Sequence[Any]) -> Program:
-    """Trace `fn(*args)` into a Program (args may hold arrays or ShapeDtypeStructs)."""
+def trace(fn: Callable[..., Any], args: Sequence[Any], mesh: Any = None) -> Program:
+    """Trace `fn(*args)` into a Program (args may hold arrays or ShapeDtypeStructs). Outside a
+    mesh context, `fn` is traced under `mesh` (give it Auto axes), as jax.jit would run it under
+    the user's: `with_sharding_constraint(x, P(...))` needs one."""
     args = tuple(args)
     abstract = jax.tree_util.tree_map(_abstract, args)
-    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
+    context = jax.set_mesh(mesh) if mesh is not None and jax.sharding.get_abstract_mesh().empty \
+        else contextlib.nullcontext()
+    with context:
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
     leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path(abstract)
     arg_paths = [f"args{_path_str(p)}" for p, _ in leaves_with_path]
     arg_counts = [len(jax.tree_util.tree_leaves(a)) for a in abstract]
@@ -287,6 +349,10 @@ class _Builder:
         self.const_ids: list[int] = []
         self.scans: list[ScanRegion] = []
         self.carries: list[int] = []
+        self.outer: Any = None  # origin of the call being inlined (see Nested)
+
+    def origin(self, eqn: jcore.JaxprEqn) -> Any:
+        return eqn.source_info if self.outer is None else Nested(eqn.source_info, self.outer)
 
     def new_value(self, aval: Any, **kw: Any) -> int:
         vid = len(self.values)
@@ -305,13 +371,91 @@ class _Builder:
         return env[v]
 
     def equation(self, prim: Any, params: dict[str, Any], ins: list[Atom], out_avals: list[Any], origin: Any,
-                 region: int | None) -> list[int]:
+                 region: int | None, effects: bool = False) -> list[int]:
         idx = len(self.equations)
+        if self.outer is not None and not isinstance(origin, Nested | str):
+            origin = Nested(origin, self.outer)
         outs = [self.new_value(a, producer=idx, output_index=k, region=region) for k, a in enumerate(out_avals)]
-        self.equations.append(Equation(idx, prim, params, tuple(ins), tuple(outs), origin, region))
+        self.equations.append(Equation(idx, prim, params, tuple(ins), tuple(outs), origin, region, effects=effects))
         return outs
 
-    def scan(self, eqn: jcore.JaxprEqn, ins: list[Atom], env: dict[Any, int], region: int | None) -> None:
+    def region(self, kind: str, length: int, parent: int | None, eqn: jcore.JaxprEqn, **params: Any) -> ScanRegion:
+        """A new region nested in `parent`, run `length` times per run of its parent."""
+        parent_mult = 1 if parent is None else self.scans[parent].multiplicity
+        reg = ScanRegion(index=len(self.scans), length=length, reverse=False, parent=parent,
+                         multiplicity=length * parent_mult, init=[], carry_in=[], carry_out=[], final=[],
+                         xs=[], slices=[], ys=[], stacked=[], params=params, kind=kind)
+        reg.params["effects"] = bool(eqn.effects)
+        self.scans.append(reg)
+        return reg
+
+    def _outer(self, a: Atom, aval: Any) -> Atom:
+        """An operand passed into a region: literals become constants (they cross a boundary)."""
+        return self._materialize_literal(a, aval) if isinstance(a, Literal) else a
+
+    def _body_out(self, o: Atom, aval: Any) -> Atom:
+        """A region's result: a literal becomes a constant value the region returns."""
+        return self.new_const(aval, np.asarray(o.value, dtype=o.dtype)) if isinstance(o, Literal) else o
+
+    def cond(self, eqn: jcore.JaxprEqn, ins: list[Atom], env: dict[Any, int], region: int | None) -> bool:
+        """`lax.cond` / `lax.switch`: each branch a region reading the operands in place; the k-th
+        results of all branches meet in one COND_MERGE equation. A cond with effects and no
+        results stays one opaque equation."""
+        if eqn.effects and not eqn.outvars:
+            return False
+        index, ops = ins[0], ins[1:]
+        regs = []
+        for b, closed in enumerate(eqn.params["branches"]):
+            reg = self.region("branch", 1, region, eqn, branch=b)
+            inner = {v: self.new_const(v.aval, c) for v, c in zip(closed.jaxpr.constvars, closed.consts, strict=True)}
+            for v, a in zip(closed.jaxpr.invars, ops, strict=True):
+                inner[v] = a if isinstance(a, int) or not np.shape(a.value) else self._outer(a, v.aval)
+            with self.nested(eqn):
+                outs = self.inline(closed.jaxpr, inner, reg.index)
+            reg.outs = [self._body_out(o, ov.aval) for o, ov in zip(outs, closed.jaxpr.outvars, strict=True)]
+            regs.append(reg)
+        for k, ov in enumerate(eqn.outvars):
+            (env[ov],) = self.equation(COND_MERGE, {"cond": tuple(r.index for r in regs)},
+                                       [index, *(r.outs[k] for r in regs)], [ov.aval], eqn.source_info, region)
+        return True
+
+    def while_(self, eqn: jcore.JaxprEqn, ins: list[Atom], env: dict[Any, int], region: int | None) -> bool:
+        """`lax.while_loop`: the body planned once like a scan's (carries tied, weighted by an
+        estimate of the trip count), the predicate in a sibling region over the same carries."""
+        p = eqn.params
+        cn, bn = int(p["cond_nconsts"]), int(p["body_nconsts"])
+        cond_j, body_j = p["cond_jaxpr"], p["body_jaxpr"]
+        trips = _trip_estimate(cond_j.jaxpr, body_j.jaxpr, ins, cn, bn)
+        reg = self.region("while", trips, region, eqn)
+        inner = {v: self.new_const(v.aval, c) for v, c in zip(body_j.jaxpr.constvars, body_j.consts, strict=True)}
+        for v, a in zip(body_j.jaxpr.invars[:bn], ins[cn:cn + bn], strict=True):
+            inner[v] = self._outer(a, v.aval)
+        for k, (v, a) in enumerate(zip(body_j.jaxpr.invars[bn:], ins[cn + bn:], strict=True)):
+            reg.init.append(self._outer(a, v.aval))
+            vid = self.new_value(v.aval, region=reg.index, carry=(reg.index, k))
+            reg.carry_in.append(vid)
+            self.carries.append(vid)
+            inner[v] = vid
+        with self.nested(eqn):
+            outs = self.inline(body_j.jaxpr, inner, reg.index)
+        creg = self.region("while_cond", trips + 1, region, eqn, loop=reg.index)
+        reg.cond_region = creg.index
+        cinner = {v: self.new_const(v.aval, c) for v, c in zip(cond_j.jaxpr.constvars, cond_j.consts, strict=True)}
+        for v, a in zip(cond_j.jaxpr.invars[:cn], ins[:cn], strict=True):
+            cinner[v] = self._outer(a, v.aval)
+        cinner.update(zip(cond_j.jaxpr.invars[cn:], reg.carry_in, strict=True))
+        with self.nested(eqn):
+            (pred,) = self.inline(cond_j.jaxpr, cinner, creg.index)
+        reg.pred = pred
+        for k, (o, ov) in enumerate(zip(outs, eqn.outvars, strict=True)):
+            reg.carry_out.append(self._body_out(o, body_j.jaxpr.outvars[k].aval))
+            (fin,) = self.equation(SCAN_FINAL, {"scan": reg.index}, [reg.carry_out[-1]], [ov.aval],
+                                   eqn.source_info, region)
+            reg.final.append(fin)
+            env[ov] = fin
+        return True
+
+    def scan(self, eqn: jcore.JaxprEqn, ins: list[Atom], env: dict[Any, int], region: int | None) -> bool:
         p = eqn.params
         body: jcore.ClosedJaxpr = p["jaxpr"]
         nc, ncar = int(p["num_consts"]), int(p["num_carry"])
@@ -322,6 +466,7 @@ class _Builder:
                          multiplicity=int(p["length"]) * parent_mult, init=[], carry_in=[], carry_out=[], final=[],
                          xs=[], slices=[], ys=[], stacked=[],
                          params={k: v for k, v in p.items() if k in ("length", "reverse", "unroll")})
+        reg.params["effects"] = bool(eqn.effects)
         self.scans.append(reg)
         inner: dict[Any, int] = {}
         for v, c in zip(body.jaxpr.constvars, body.consts, strict=True):
@@ -341,7 +486,8 @@ class _Builder:
             (vid,) = self.equation(SCAN_SLICE, {"scan": s}, [x], [v.aval], source, s)
             reg.slices.append(vid)
             inner[v] = vid
-        outs = self.inline(body.jaxpr, inner, s)
+        with self.nested(eqn):
+            outs = self.inline(body.jaxpr, inner, s)
         for k, o in enumerate(outs[:ncar]):
             if isinstance(o, Literal):
                 o = self.new_const(body.jaxpr.outvars[k].aval, np.asarray(o.value, dtype=o.dtype))
@@ -356,39 +502,52 @@ class _Builder:
             (st,) = self.equation(SCAN_STACK, {"scan": s}, [y], [ov.aval], source, region)
             reg.stacked.append(st)
             env[ov] = st
+        return True
 
     def inline(self, jaxpr: jcore.Jaxpr, env: dict[Any, int], region: int | None = None) -> list[Atom]:
         for eqn in jaxpr.eqns:
-            ins = [self.atom(v, env) for v in eqn.invars]
-            if eqn.primitive.name == "scan":
-                self.scan(eqn, ins, env, region)
-                continue
-            body = _call_body(eqn)
-            if body is not None:
-                inner, consts = body
-                inner_env: dict[Any, int] = {}
-                for v, c in zip(inner.constvars, consts, strict=True):
-                    inner_env[v] = self.new_const(v.aval, c)
-                n_in = len(inner.invars)
-                for v, a in zip(inner.invars, ins[len(ins) - n_in :], strict=True):
-                    if isinstance(a, Literal) and np.shape(a.value):
-                        a = self._materialize_literal(a, v.aval)
-                    inner_env[v] = a  # a scalar literal stays one: `jnp.pad`'s pad value, say
-                outs = self.inline(inner, inner_env, region)
-                for v, o in zip(eqn.outvars, outs, strict=True):
-                    if isinstance(o, Literal):
-                        o = self._materialize_literal(o, v.aval)
-                    env[v] = o
-                continue
-            folded = _fold_literal(eqn, ins)
-            if folded is not None:
-                env[eqn.outvars[0]] = folded
-                continue
-            out_ids = self.equation(eqn.primitive, dict(eqn.params), ins, [v.aval for v in eqn.outvars],
-                                    eqn.source_info, region)
-            for v, o in zip(eqn.outvars, out_ids, strict=True):
-                env[v] = o
+            self._inline_eqn(eqn, env, region)
         return [self.atom(v, env) for v in jaxpr.outvars]
+
+    @contextlib.contextmanager
+    def nested(self, eqn: jcore.JaxprEqn) -> Iterator[None]:
+        """Inline the body of `eqn`: its equations' origins fall back to `eqn`'s (see Nested)."""
+        saved, self.outer = self.outer, self.origin(eqn)
+        try:
+            yield
+        finally:
+            self.outer = saved
+
+    def _inline_eqn(self, eqn: jcore.JaxprEqn, env: dict[Any, int], region: int | None) -> None:
+        """One equation: a region (scan, cond, while), a call's body inlined, or itself."""
+        ins = [self.atom(v, env) for v in eqn.invars]
+        handler = {"scan": self.scan, "cond": self.cond, "while": self.while_}.get(eqn.primitive.name)
+        if handler is not None and handler(eqn, ins, env, region):
+            return
+        body = _call_body(eqn)
+        if body is not None:
+            inner, consts = body
+            inner_env: dict[Any, int] = {}
+            for v, c in zip(inner.constvars, consts, strict=True):
+                inner_env[v] = self.new_const(v.aval, c)
+            n_in = len(inner.invars)
+            for v, a in zip(inner.invars, ins[len(ins) - n_in :], strict=True):
+                if isinstance(a, Literal) and np.shape(a.value):
+                    a = self._materialize_literal(a, v.aval)
+                inner_env[v] = a  # a scalar literal stays one: `jnp.pad`'s pad value, say
+            with self.nested(eqn):
+                outs = self.inline(inner, inner_env, region)
+            for v, o in zip(eqn.outvars, outs, strict=True):
+                env[v] = self._materialize_literal(o, v.aval) if isinstance(o, Literal) else o
+            return
+        folded = _fold_literal(eqn, ins)
+        if folded is not None:
+            env[eqn.outvars[0]] = folded
+            return
+        out_ids = self.equation(eqn.primitive, dict(eqn.params), ins, [v.aval for v in eqn.outvars],
+                                eqn.source_info, region, effects=bool(eqn.effects))
+        for v, o in zip(eqn.outvars, out_ids, strict=True):
+            env[v] = o
 
     def _materialize_literal(self, lit: Literal, aval: Any) -> int:
         """A literal that crosses a call boundary becomes a constant value."""
@@ -416,3 +575,35 @@ def _call_body(eqn: jcore.JaxprEqn) -> tuple[jcore.Jaxpr, list[Any]] | None:
         if isinstance(body, jcore.Jaxpr):
             return body, []
     return None
+
+
+def _trip_estimate(cond: jcore.Jaxpr, body: jcore.Jaxpr, ins: list[Atom], cn: int, bn: int) -> int:
+    """Iterations of a while loop of the form `i < n` with `i` counting up by one from a literal
+    and `n` a literal (or a carry the body passes through unchanged, fed a literal); 1 where the
+    count is not known when tracing (the body is then priced as running once)."""
+    init = ins[cn + bn:]
+    if len(cond.eqns) != 1 or cond.eqns[0].primitive.name != "lt" or cond.outvars[0] is not cond.eqns[0].outvars[0]:
+        return 1
+    carries = cond.invars[cn:]
+
+    def known(v: Any) -> float | None:
+        if isinstance(v, jcore.Literal):
+            return float(v.val)
+        if v in carries:
+            k = carries.index(v)
+            passes = body.outvars[k] is body.invars[bn + k]
+            if passes and isinstance(init[k], Literal):
+                return float(init[k].value)
+        return None
+
+    i, n = cond.eqns[0].invars
+    if i not in carries or known(n) is None:
+        return 1
+    k = carries.index(i)
+    step = [e for e in body.eqns if body.outvars[k] in e.outvars]
+    if not isinstance(init[k], Literal) or len(step) != 1 or step[0].primitive.name != "add":
+        return 1
+    a, b = step[0].invars
+    if not (a is body.invars[bn + k] and isinstance(b, jcore.Literal) and float(b.val) == 1.0):
+        return 1
+    return max(1, int(np.ceil(known(n) - float(init[k].value))))  # type: ignore[operator]

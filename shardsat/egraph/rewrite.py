@@ -172,5 +172,6 @@ def _insert(prog: Program, inserts: dict[int, list[tuple[Rewrite, list[Atom], in
     for i, e in enumerate(order):
         for o in e.outputs:
             values[o] = replace(values[o], producer=i)
-        equations.append(Equation(i, e.primitive, e.params, e.inputs, e.outputs, e.origin, e.region, e.key))
+        equations.append(Equation(i, e.primitive, e.params, e.inputs, e.outputs, e.origin, e.region, e.key,
+                                   e.effects))
     return replace(prog, values=values, equations=equations, equivalences=equal)

@@ -18,7 +18,7 @@ from ..egraph.keys import equation_key, operand_types
 from ..egraph.layout import MeshAxes, Space, SpaceTable, spec_to_layout
 from ..egraph.program import Equation, Literal, Program
 from ..egraph.run import EGraphRun, SaturationReport
-from ..errors import InvalidArgumentError, InvalidSignatureError, UnsupportedPrimitiveError
+from ..errors import InvalidArgumentError, UnsupportedPrimitiveError
 from ..limits import Limits
 from . import custom, generic
 from .primitives import EqnTypes, replicated
@@ -39,6 +39,20 @@ class KeyInfo:
     operand_spaces: tuple[Space | None, ...]
     result_spaces: tuple[Space, ...]
     fallback: bool = False
+    why: str | None = None  # why it fell back
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """An equation kept replicated because no sharding rule applies to it."""
+
+    eqn: int
+    primitive: str
+    source: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.primitive} at {self.source}"
 
 
 @dataclass
@@ -46,7 +60,7 @@ class RuleTables:
     keys: dict[str, KeyInfo] = field(default_factory=dict)  # content key -> info
     output_key: dict[int, str] = field(default_factory=dict)  # value id -> "key#output"
     edges: dict[int, list[ReshardEdge]] = field(default_factory=dict)  # space id -> edges
-    fallbacks: list[tuple[int, str, str]] = field(default_factory=list)  # (eqn, primitive, source)
+    fallbacks: list[Fallback] = field(default_factory=list)
 
     def info(self, output_key: str) -> tuple[KeyInfo, int]:
         base, _, idx = output_key.rpartition("#")
@@ -75,19 +89,37 @@ def _content_key(eqn: Equation, t: EqnTypes) -> str:
     return eqn.key
 
 
-def signature_for(eqn: Equation, t: EqnTypes, fallback: str | None) -> tuple[FactorSignature, bool]:
+def signature_for(eqn: Equation, t: EqnTypes, fallback: str) -> tuple[FactorSignature, str | None]:
+    """The equation's signature, or (with fallback "replicate") the replicated one and why."""
+    if any(0 in shape for shape in (*t.in_shapes, *t.out_shapes)):
+        return replicated(t), None  # an array with no elements: nothing worth sharding
     builder = SIGNATURES.get(eqn.name)
     reason = UNSUPPORTED.get(eqn.name)
     if eqn.name == custom.PRIMITIVE:  # rules are per function, not per primitive
         builder, reason = custom.builder_for(eqn.params, builder)
     if builder is not None:
         try:
-            return builder(t), False
-        except (InvalidSignatureError, KeyError, ValueError, TypeError, IndexError) as e:
-            reason = f"its sharding rule does not apply to these operands: {e}"
+            return builder(t), None
+        except Exception as e:  # a rule that fails on these operands is a missing rule
+            reason = f"its sharding rule does not apply to these operands: {type(e).__name__}: {e}"
     if fallback == "replicate":
-        return replicated(t), True
+        return replicated(t), reason or "no sharding rule"
     raise UnsupportedPrimitiveError(eqn.name, eqn.source, reason)
+
+
+def _key_info(key: str, eqn: Equation, t: EqnTypes, op_spaces: tuple[Space | None, ...],
+              res_spaces: tuple[Space, ...], spaces: SpaceTable, fallback: str) -> KeyInfo:
+    """Signature and strategies of one equation kind; a rule that fails while its strategies are
+    enumerated falls back like one that fails to build."""
+    sig, why = signature_for(eqn, t, fallback)
+    try:
+        strategies = enumerate_strategies(sig, spaces.mesh, spaces, op_spaces, res_spaces)
+    except Exception as e:
+        if fallback != "replicate" or why is not None:
+            raise
+        sig, why = replicated(t), f"its sharding rule does not apply to these operands: {type(e).__name__}: {e}"
+        strategies = enumerate_strategies(sig, spaces.mesh, spaces, op_spaces, res_spaces)
+    return KeyInfo(key, eqn.index, sig, strategies, op_spaces, res_spaces, why is not None, why)
 
 
 CONSTRAINTS = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
@@ -118,7 +150,7 @@ def _constraint_filter(eqn: Equation, info: KeyInfo, spaces: SpaceTable, problem
     info.strategies = [st for st in info.strategies if ok(st.outs[0])]
 
 
-def build_tables(prog: Program, spaces: SpaceTable, fallback: str | None) -> RuleTables:
+def build_tables(prog: Program, spaces: SpaceTable, fallback: str) -> RuleTables:
     mesh: MeshAxes = spaces.mesh
     tables = RuleTables()
     problems: list[str] = []
@@ -128,16 +160,14 @@ def build_tables(prog: Program, spaces: SpaceTable, fallback: str | None) -> Rul
         key = _content_key(eqn, t)
         info = tables.keys.get(key)
         if info is None:
-            sig, fell_back = signature_for(eqn, t, fallback)
             op_spaces = tuple(None if isinstance(a, Literal) else value_space[a] for a in eqn.inputs)
             res_spaces = tuple(value_space[o] for o in eqn.outputs)
-            strategies = enumerate_strategies(sig, mesh, spaces, op_spaces, res_spaces)
-            info = KeyInfo(key, eqn.index, sig, strategies, op_spaces, res_spaces, fell_back)
+            info = _key_info(key, eqn, t, op_spaces, res_spaces, spaces, fallback)
             if eqn.name in CONSTRAINTS:
                 _constraint_filter(eqn, info, spaces, problems)
             tables.keys[key] = info
         if info.fallback:
-            tables.fallbacks.append((eqn.index, eqn.name, eqn.source))
+            tables.fallbacks.append(Fallback(eqn.index, eqn.name, eqn.source, info.why or ""))
         for k, out in enumerate(eqn.outputs):
             tables.output_key[out] = f"{key}#{k}"
     if problems:
@@ -188,7 +218,7 @@ def load_tables(run: EGraphRun, tables: RuleTables) -> None:
 def grow(
     run: EGraphRun,
     *,
-    fallback: str | None,
+    fallback: str,
     limits: Limits,
     deadline: float,
     extra: Sequence[Ruleset] = (),

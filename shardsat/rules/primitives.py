@@ -504,6 +504,13 @@ def scan_slice(t: EqnTypes) -> FactorSignature:
                 need_replication=frozenset({"it"}))
 
 
+def cond_merge(t: EqnTypes) -> FactorSignature:
+    """A cond's result: every branch's result in the result's layout; the branch index (operand
+    0) replicated, so all devices take the same branch. No pending sum crosses the boundary."""
+    fac = tuple((f,) for f in _dims("d", len(t.out_shapes[0])))
+    return _sig(t, [(), *([fac] * (len(t.in_shapes) - 1))], [fac])
+
+
 def scan_stack(t: EqnTypes) -> FactorSignature:
     """ys: an iteration's output, written into its slot of the stacked result."""
     fac = _dims("d", len(t.in_shapes[0]))

@@ -51,6 +51,7 @@ SIGNATURES.update(
         "scan_slice": p.scan_slice,
         "scan_stack": p.scan_stack,
         "scan_final": p.elementwise,
+        "cond_merge": p.cond_merge,
         # PRNG key plumbing and bit generation: every device draws the same (replicated) bits,
         # which consumers slice for free. Correct everywhere; sharded generation is future work.
         "random_bits": p.replicated,
@@ -77,15 +78,15 @@ SIGNATURES.update(
 # Deliberately unsupported, with the reason given to the user. (custom_partitioning has a rule
 # per function, not per primitive: rules/custom.py.)
 UNSUPPORTED: dict[str, str] = {
-    "while": "loops are not partitioned yet; its body would need a loop-invariant layout",
-    "cond": "branches are not partitioned yet",
+    "while": "a loop with side effects and no results runs as one replicated equation",
+    "cond": "a cond with side effects and no results runs as one replicated equation",
     "shard_map": "the function is already manually partitioned",
     "xla_pmap": "pmap is already manually partitioned",
-    "pure_callback": "host callbacks run on one device",
-    "io_callback": "host callbacks run on one device",
-    "debug_callback": "host callbacks run on one device",
     "rng_bit_generator": "stateful RNG is not partitioned yet",
 }
+# Host callbacks see whole arrays: their operands and results are replicated by rule (not by
+# fallback: there is nothing better to plan for them).
+SIGNATURES.update({name: p.replicated for name in ("pure_callback", "io_callback", "debug_callback", "debug_print")})
 
 
 def register(name: str, builder: p.Builder) -> None:

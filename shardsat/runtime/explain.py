@@ -86,8 +86,8 @@ def explain(plan: Plan) -> str:
         eqn = prog.equations[r.eqn]
         outs = ", ".join(plan._layouts[lid].describe(axes) for _, lid in r.outputs)
         ins = ", ".join(plan._layouts[lid].describe(axes) for lid in r.operand_layouts)
-        rows.append([eqn.name, eqn.source, ",".join(shape(eqn.outputs[k]) for k, _ in r.outputs), outs, ins,
-                     why(eqn.outputs[r.outputs[0][0]])])
+        rows.append([eqn.name, eqn.source, ",".join(shape(eqn.outputs[k]) for k, _ in r.outputs) or "(effect)",
+                     outs or "-", ins, why(eqn.outputs[r.outputs[0][0]]) if r.outputs else ""])
     lines += _table(["op", "source", "type", "result", "operands", "next best (extra time)"], rows)
     if len(plan.runs) > MAX_INTERMEDIATES:
         lines.append(f"  ... {len(plan.runs) - MAX_INTERMEDIATES} more equations")

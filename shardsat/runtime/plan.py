@@ -23,7 +23,7 @@ from ..limits import StopReason
 from ..rules.apply import RuleTables
 from ..rules.primitives import ELEMENTWISE
 from .hlo import count_collectives
-from .lower import EqnRun, Step, make_interpreter
+from .lower import EqnRun, Interpreter, Step
 
 ELEMENTWISE_SET = frozenset(ELEMENTWISE)
 
@@ -91,6 +91,7 @@ class Report:
     # plan's distance from lower_bound_s, a cost no plan of the e-graph can beat
     gap: float | None = None
     lower_bound_s: float | None = None
+    exact_status: str | None = None  # the exact integer program's outcome, where it ran
     memory_limit: int | None = None  # bytes per device, when planned under a limit
     memory_headroom: int | None = None  # limit minus the plan's estimate
 
@@ -106,6 +107,7 @@ class Report:
             + (f", optimality gap {self.gap:.1%}" if self.gap is not None and self.lower_bound_s is None else "")
             + (f", within {self.gap:.1%} of a lower bound" if self.gap is not None and self.lower_bound_s is not None
                else "")
+            + (f", exact ILP: {self.exact_status}" if self.exact_status else "")
             + f"); total {self.total_s:.3f}s"
         )
         if self.memory_limit is not None:
@@ -299,6 +301,11 @@ class Plan:
                         f"shardsat.Rewrite so both sides are equations."
                     )
                 by_strategy.setdefault(int(g.node_a[node]), []).append((k, ex.choices[grp].layout))
+            if eqn.effects and not eqn.outputs:  # a debug print: run on whole operands
+                ins = tuple(self.spaces.space(prog.values[a].shape, prog.values[a].dtype).layouts[0]
+                            for a in eqn.inputs if isinstance(a, int))
+                runs.append(EqnRun(eqn.index, ins, ()))
+                continue
             info, _ = self.tables.info(self.tables.output_key[eqn.outputs[0]]) if eqn.outputs else (None, 0)
             for s, outs in by_strategy.items():
                 st = info.strategies[s]  # type: ignore[union-attr]
@@ -347,7 +354,7 @@ class Plan:
             donate_argnums = self.state_argnums
         if self._jitted is not None and self._jitted.donate_argnums == tuple(donate_argnums):
             return self._jitted
-        interp = make_interpreter(
+        interp = Interpreter(
             self.program, self.runs, self.produced, self.parent, self._layouts, self.axes, self.runtime_mesh,
             self.extraction.root_layouts, self.canon, self.extraction.carry_layouts,
         )
@@ -497,6 +504,8 @@ class Plan:
                         if isinstance(a, int):
                             to_state[a] = to_state[self.program.alias(a)] = True
             for r in self.runs:
+                if not r.outputs:  # a side effect with no results: host work, not device FLOPs
+                    continue
                 eqn = self.program.equations[r.eqn]
                 grp = self.graph.value_group[eqn.outputs[r.outputs[0][0]]]
                 node = ex.choices[grp].node
