@@ -24,14 +24,18 @@ class Limits:
     iterations: rule-application rounds of the saturation loop.
     nodes: e-nodes in the e-graph; the loop stops once this many exist.
     seconds: wall time of saturation plus extraction.
+    exact_seconds: wall time the exact integer program may take (extraction="exact"; "auto" gives
+      it at most 2 s), within `seconds`. Its relaxation is weak on big e-graphs: where it has not
+      proven a plan optimal by then, it rarely does within minutes.
     """
 
     iterations: int = 1000
     nodes: int = 5_000_000
     seconds: float = 120.0
+    exact_seconds: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.iterations < 1 or self.nodes < 1 or self.seconds <= 0:
+        if self.iterations < 1 or self.nodes < 1 or self.seconds <= 0 or not self.exact_seconds > 0:
             raise InvalidArgumentError(
                 f"Limits must be positive, got {self}. Consider the defaults: shardsat.Limits()."
             )

@@ -25,6 +25,10 @@ from .cost import CostModel
 from .result import Extraction, GroupChoice, ReshardStep
 
 
+CUTOFF = 1e-6  # with an incumbent plan, only plans this much cheaper are sought
+NO_CHEAPER = "optimal"  # proven: no plan is cheaper than the incumbent
+
+
 @dataclass
 class ExactResult:
     extraction: Extraction | None
@@ -46,7 +50,11 @@ def solve_exact(
     partial_layouts: set[int],
     time_limit: float,
     weight: np.ndarray | None = None,
+    incumbent: float | None = None,
 ) -> ExactResult:
+    """The cheapest plan of the e-graph, within `time_limit`. With `incumbent` (the cost of a
+    plan in hand), only strictly cheaper plans are sought: the solver stops as soon as its bound
+    proves there are none ("no cheaper plan": the incumbent is optimal)."""
     t0 = time.perf_counter()
     C, N = g.num_classes, g.num_nodes
     kinds = g.node_kind
@@ -170,11 +178,15 @@ def solve_exact(
     ub[t_off:] = big
     # normalised objective: the solver's absolute tolerances must not swamp picosecond costs
     scale = 1.0 / max(float(np.max(np.abs(cost))), 1e-300)
-    res = milp(cost * scale, integrality=integrality, bounds=Bounds(lb, ub),
-               constraints=LinearConstraint(A, np.asarray(lo), np.asarray(hi)),
+    constraints = [LinearConstraint(A, np.asarray(lo), np.asarray(hi))]
+    if incumbent is not None and incumbent > 0:
+        constraints.append(LinearConstraint(cost * scale, -np.inf, incumbent * scale * (1 - CUTOFF)))
+    res = milp(cost * scale, integrality=integrality, bounds=Bounds(lb, ub), constraints=constraints,
                options={"time_limit": max(0.1, time_limit), "disp": False})
     seconds = time.perf_counter() - t0
     if res.x is None:
+        if incumbent is not None and res.status == 2:  # infeasible: nothing beats the incumbent
+            return ExactResult(None, NO_CHEAPER, 0.0, seconds, nvar)
         return ExactResult(None, str(res.message), None, seconds, nvar)
     x = res.x
     gap = None

@@ -27,6 +27,7 @@ ACTIVATION_WEIGHT = 0.25
 # whole-graph ILP stops paying beyond a block or two (its relaxation is weak under sharing).
 EXACT_AUTO_NODES = 1000
 EXACT_AUTO_SECONDS = 2.0
+EXACT_SECONDS = 10.0  # extraction="exact" (shardsat.Limits.exact_seconds)
 # up to this many e-nodes every start gets chain moves (before them a start's cost says little:
 # a 4-layer llama step on 2x4, 132k e-nodes, ends at 351 us this way and at 507 us when only the
 # best start is polished; a 2-layer GPT step, 123k, takes ~9 s instead of ~5 for the same plan)
@@ -71,11 +72,13 @@ def _reprice(ex: Extraction, cost: np.ndarray) -> Extraction:
 
 
 def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = "auto",
-              restarts: bool = True) -> Extraction:
+              restarts: bool = True, exact_seconds: float = EXACT_SECONDS) -> Extraction:
     """The cheapest plan over the starting points (the estimate, or for deep loops the plan of
     their shallow copy, then each seed), and the same starts again under memory pressure
     (`restarts`: all of them where every start gets chain moves, else the best one); then the
     exact integer program where it is small enough to pay ("auto") or always ("exact")."""
+    if not p.roots:  # nothing to compute: no array results, no effects
+        return Extraction(choices={}, root_layouts=[], total_s=0.0, method=method, seconds=0.0, gap=0.0)
     ex = Extractor(p.graph, node_cost, p.value_space, p.spaces, p.edges, p.model,
                    describe=p.describe, combinable=p.combinable, weight=p.weight)
     small = p.graph.size <= SEED_CHAIN_NODES
@@ -132,12 +135,12 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
         if p.graph.unbuilt_nodes:
             raise ValueError("the exact extractor needs the resharding e-nodes: export(reshard=True)")
         left = deadline - time.perf_counter()
-        limit = left if method == "exact" else min(EXACT_AUTO_SECONDS, left)
+        limit = min(exact_seconds if method == "exact" else EXACT_AUTO_SECONDS, left)
         if limit > 0.1:
             group_space = [p.value_space[vs[0]] if vs else -1 for vs in p.graph.group_values]
             partial = {i for i, lay in enumerate(p.spaces.layouts.layouts) if lay.partial}
             res = solve_exact(p.graph, node_cost, group_space, p.model, p.combinable, p.roots, p.place_pins,
-                              p.ties, partial, limit, weight=p.weight)
+                              p.ties, partial, limit, weight=p.weight, incumbent=best.total_s)
             spent += res.seconds
             if res.extraction is not None and res.extraction.total_s < best.total_s - 1e-12:
                 best = res.extraction

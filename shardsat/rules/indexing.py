@@ -126,6 +126,8 @@ def gather(t: EqnTypes) -> FactorSignature:
     for d, n in enumerate(op_shape):
         if d in op_batch:
             operand[d] = indices[idx_batch[op_batch.index(d)]]
+        elif slice_sizes[d] == n and d not in out_of:  # a collapsed dim of size 1: nothing to split
+            operand[d] = ()
         elif slice_sizes[d] == n:  # sliced whole (if indexed, the only start in range is 0)
             operand[d] = out[out_of[d]] = F(f"o{d}", n)
         else:

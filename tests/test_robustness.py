@@ -1,0 +1,118 @@
+"""Regression tests for programs that crashed the planner (issue 12): each was a program jax.jit
+runs; each must get a plan that computes what the unsharded program does."""
+
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import assert_equivalent
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import shardsat
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return jax.make_mesh((2, 4), ("data", "model"))
+
+
+def strict_plan(fn, mesh, *args, **kw):
+    return shardsat.saturate_and_extract(fn, mesh, *args, strict=True, **kw)
+
+
+def cross_entropy(logits, labels):
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=-1)[..., 0])
+
+
+@pytest.mark.parametrize("name,fn,args", [
+    ("index a size-1 dim", lambda x, i: x[:, i], (jnp.arange(8.0).reshape(8, 1), jnp.zeros(4, jnp.int32))),
+    ("one-row table", lambda t, i: t[i], (jnp.arange(16.0).reshape(1, 16), jnp.zeros(8, jnp.int32))),
+    ("trailing size-1 under grad", jax.value_and_grad(cross_entropy),
+     (jnp.linspace(-1, 1, 8 * 16).reshape(8, 16), jnp.arange(8, dtype=jnp.int32))),
+    ("one-hot of one class", lambda y: jax.nn.one_hot(y, 1) * 2.0, (jnp.zeros(8, jnp.int32),)),
+])
+def test_gather_over_size_one_dims(mesh, name, fn, args):
+    plan = strict_plan(fn, mesh, *args)
+    assert_equivalent(plan, fn, *args)
+
+
+def test_scan_whose_per_step_outputs_are_dropped(mesh):
+    def f(h0, xs):
+        def body(c, x):
+            c = jnp.tanh(c + x)
+            return c, jnp.mean(c, -1)
+
+        h, _ = lax.scan(body, h0, xs)
+        return h
+
+    args = (jnp.ones((8, 16)), jnp.linspace(0, 1, 5 * 8 * 16).reshape(5, 8, 16))
+    assert_equivalent(strict_plan(f, mesh, *args), f, *args)
+
+
+@pytest.mark.parametrize("fn,x", [
+    (lambda x: x.reshape(0, 4, 2), jnp.ones((0, 8))),
+    (lambda x: jnp.pad(x, ((0, 0), (2, 2)), mode="edge"), jnp.ones((0, 16))),
+    (lambda x: jnp.pad(x, ((1, 1), (2, 3)), mode="edge").sum(0), jnp.ones((8, 16))),
+    (lambda x: (jnp.tanh(x @ jnp.ones((16, 8)))).sum(0), jnp.ones((0, 16))),
+])
+def test_zero_size_arrays_plan_without_fallback(mesh, fn, x):
+    plan = strict_plan(fn, mesh, x)
+    assert not plan.report.fallbacks
+    assert_equivalent(plan, fn, x)
+
+
+@pytest.mark.parametrize("fn", [lambda x: None, lambda x: {}, lambda x: 3.0, lambda x: (x, 2, None)])
+def test_functions_returning_no_arrays(mesh, fn):
+    x = jnp.ones((8, 16))
+    for extraction in ("auto", "greedy", "exact"):
+        plan = strict_plan(fn, mesh, x, extraction=extraction)
+        got = plan.jit()(x)
+        assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(fn(x))
+
+
+def test_with_sharding_constraint_with_a_bare_partition_spec(mesh):
+    def f(x):
+        return lax.with_sharding_constraint(x * 2 + 1, P("data"))
+
+    plan = strict_plan(f, mesh, jnp.ones((8, 16)))
+    pinned = next(e for e in plan.program.equations if e.name == "sharding_constraint")
+    assert plan.layout_of(pinned.outputs[0]).spec(plan.axes) == P("data")
+    out = plan.jit()(jnp.ones((8, 16)))
+    assert float(out.sum()) == 8 * 16 * 3
+
+
+def test_equations_traced_inside_jax_name_the_users_line(mesh):
+    """jnp.pad(mode="edge") builds its equations inside jax's own functions: their source is
+    the user's call, not an empty location."""
+    def f(x):
+        return jnp.pad(x, ((1, 1), (2, 2)), mode="edge")
+
+    plan = strict_plan(f, mesh, jnp.ones((8, 16)))
+    sources = {e.source for e in plan.program.equations}
+    assert all("test_robustness.py" in s for s in sources), sources
+
+
+def test_exact_extraction_of_a_small_program_takes_seconds():
+    """The integer program of a small conv + batch-norm program on 2x2x2 never proves its
+    optimum: it used every remaining second of Limits.seconds (~120 s). It now gets
+    Limits.exact_seconds, and the report says how it ended."""
+    mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"))
+
+    def f(x, w, g, b):
+        y = lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        y = (y - y.mean((0, 1, 2))) / jnp.sqrt(y.var((0, 1, 2)) + 1e-5) * g + b
+        return jax.nn.relu(y).mean()
+
+    args = (jnp.ones((8, 8, 8, 4)), jnp.ones((3, 3, 4, 8)), jnp.ones(8), jnp.ones(8))
+    t0 = time.perf_counter()
+    plan = strict_plan(f, mesh, *args, extraction="exact", memory_limit=40_000,
+                       limits=shardsat.Limits(exact_seconds=2.0))
+    assert time.perf_counter() - t0 < 60  # not a benchmark: only that the 120 s are not spent
+    assert plan.report.exact_status is not None and "exact ILP" in str(plan.report)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no memory warning: the explicit limit is met
+        assert_equivalent(plan, f, *args)
