@@ -1,7 +1,7 @@
 """The command line: plan a function defined in a Python file without writing a driver script.
 
     python -m shardsat plan path/to/model.py:fn --mesh data=2,model=4 [--profile h100]
-        [--json plan.json] [--html plan.html] [--fallback replicate] [--state-argnums 0]
+        [--json plan.json] [--html plan.html] [--fallback replicate|error] [--state-argnums 0]
         [--devices cpu|default] [--plain]
 
 The file defines `fn` and `example_args()`, which returns the tuple of `fn`'s positional arguments
@@ -105,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"device profile preset the costs are predicted for (default {DEFAULT_PROFILE})")
     p.add_argument("--json", type=Path, metavar="OUT.json", help="also write the plan as JSON")
     p.add_argument("--html", type=Path, metavar="OUT.html", help="also write a self-contained HTML report")
-    p.add_argument("--fallback", choices=["replicate"],
-                   help="keep equations without a sharding rule replicated instead of failing")
+    p.add_argument("--fallback", choices=["replicate", "error"], default="replicate",
+                   help="replicate (default): keep equations no sharding rule applies to replicated, "
+                        "with a warning; error: fail instead")
     p.add_argument("--state-argnums", metavar="I[,J...]|auto",
                    help="positional arguments that are loop-carried state (returned with the same structure)")
     p.add_argument("--example-args", default="example_args", metavar="NAME",
@@ -315,7 +316,7 @@ def run_plan(ns: argparse.Namespace) -> int:
     except (InvalidArgumentError, InvalidMeshError) as e:
         raise UsageError(str(e).strip().splitlines()[0]) from None
     except ShardsatError as e:
-        hint = "\n(On the command line: --fallback replicate.)" if isinstance(e, UnsupportedPrimitiveError) else ""
+        hint = "\n(On the command line: leave out --fallback error.)" if isinstance(e, UnsupportedPrimitiveError) else ""
         sys.stderr.write(f"shardsat: planning {ns.target} failed: {e}{hint}\n")
         return EXIT_PLAN_FAILED
     print_plan(plan, plain=ns.plain)

@@ -80,11 +80,11 @@ def test_greedy_decoding_while_loop(mesh):
 
     def decode(emb, w_out, start):
         def cond(c):
-            i, tok, _, done = c
+            i, _tok, _, done = c
             return (i < steps) & ~done
 
         def body(c):
-            i, tok, out, done = c
+            i, tok, out, _done = c
             h = jnp.tanh(emb[tok])
             nxt = jnp.argmax(h @ w_out, axis=-1).astype(jnp.int32)
             out = out.at[:, i].set(nxt)
@@ -144,7 +144,7 @@ def test_optax_conditional_optimizers(mesh, opt):
     assert_equivalent(plan, step, p, s, x, y)
     run = plan.jit(donate_argnums=())
     p1, s1 = run(p, s, x, y)
-    p2, s2 = run(p1, s1, x, y)  # the returned state feeds the next step in the same layout
+    p2, _s2 = run(p1, s1, x, y)  # the returned state feeds the next step in the same layout
     want = step(*step(p, s, x, y), x, y)
     np.testing.assert_allclose(p2["w1"], want[0]["w1"], rtol=1e-5, atol=1e-6)
 

@@ -412,6 +412,22 @@ STRATEGY_CASES = {
                  "reduce_window_sum", (1, 8)),
     "max pool grad": (lambda y, g: jax.vjp(_pool, y)[1](g)[0], (_X, _X[:, :3, :3]), "select_and_scatter_add", (1, 8)),
     "max pool jvp": (lambda y, t: jax.jvp(_pool, (y,), (t,))[1], (_X, _X), "select_and_gather_add", (1, 8)),
+    # degenerate dims: size 1 (no factor to split) and primes (zero-size arrays are replicated by rule)
+    "take size-1 dim": (lambda x, i: x[:, i], (normal(8, 1), jnp.zeros(4, jnp.int32)), "gather"),
+    "one-row table": (lambda t, i: t[i], (normal(1, 16), jnp.zeros(8, jnp.int32)), "gather"),
+    "take_along_axis size 1": (lambda x, i: jnp.take_along_axis(x, i, axis=1), (normal(8, 1), jnp.zeros((8, 1), jnp.int32)),
+                               "gather"),
+    "scatter-add size-1 window": (lambda z, i, u: z.at[i].add(u), (normal(8, 1), jnp.arange(4) * 2, normal(4, 1)),
+                                  "scatter-add"),
+    "scatter-add prime rows": (lambda z, i, u: z.at[i].add(u), (normal(7, 8), jnp.arange(4), normal(4, 8)), "scatter-add"),
+    "segment_sum one segment": (lambda m, r: jax.ops.segment_sum(m, r, num_segments=1),
+                                (normal(32, 8), jnp.zeros(32, jnp.int32)), "scatter-add"),
+    "conv 1x1 image": (lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC),
+                       (normal(8, 1, 1, 4), normal(3, 3, 4, 8)), "conv_general_dilated"),
+    "conv one channel": (lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC),
+                         (normal(2, 8, 8, 1), normal(3, 3, 1, 1)), "conv_general_dilated"),
+    "max pool size-1 window": (lambda y: lax.reduce_window(y, -jnp.inf, lax.max, (1, 1, 1, 1), (1, 1, 1, 1), "VALID"),
+                               (_X,), "reduce_window_max"),
 }
 
 

@@ -46,6 +46,51 @@ CATALOGUE = {
 }
 
 
+def _elementwise(a, b):
+    return jnp.tanh(a) * b, jnp.maximum(a, b), jnp.where(a > 0, a, b), a.astype(jnp.int32)
+
+
+def _contract(a, b):
+    return a @ b, jnp.einsum("ik,jk->ij", a, a)
+
+
+def _reduce(a):
+    return a.sum(0), a.max(1), jnp.argmax(a, axis=1), jnp.cumsum(a, axis=0), jnp.sort(a, axis=0)
+
+
+def _move(a, b):
+    return (jnp.concatenate([a, b], 0), a.T, a.reshape(-1), a[None], jnp.pad(a, ((1, 1), (0, 0))),
+            jnp.flip(a, 1), a[:, None, :] * 1.0)
+
+
+# the same families over degenerate dims: size 1 (no factor) and 0 (no elements), beside primes
+# (gather, scatter, conv and pooling on such dims: tests/test_indexing_conv.py, checked against XLA)
+DEGENERATE = {
+    f"{name} {shape}": (fn, shape)
+    for shape in ((1, 12), (8, 1), (0, 12), (8, 0), (1, 1), (7, 13))
+    for name, fn in (("elementwise", _elementwise), ("reduce", _reduce), ("move", _move))
+    if not (fn is _reduce and shape[1] == 0)  # jnp: a max over no elements is an error
+} | {
+    f"contract {m}x{k}x{n}": (_contract, (m, k, n)) for m, k, n in ((1, 12, 16), (8, 1, 16), (0, 12, 16), (8, 0, 4))
+}
+
+
+def _degenerate_args(fn, shape):
+    if fn is _contract:
+        m, k, n = shape
+        return rnd(m, k), rnd(k, n, seed=1)
+    if fn in (_elementwise, _move):
+        return rnd(*shape), rnd(*shape, seed=1)
+    return (rnd(*shape),)
+
+
+@pytest.mark.parametrize("case", sorted(DEGENERATE))
+def test_builtin_signatures_on_degenerate_dims(case, mesh):
+    fn, shape = DEGENERATE[case]
+    failures = check_equation_rules(fn, *_degenerate_args(fn, shape), mesh=mesh, max_strategies=3)
+    assert not failures, "\n".join(failures)
+
+
 @pytest.mark.parametrize("family", sorted(CATALOGUE))
 def test_builtin_signatures_compute_the_same_on_shards(family, mesh):
     fn, args = CATALOGUE[family]

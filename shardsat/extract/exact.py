@@ -24,7 +24,6 @@ from ..egraph.export import ExportedGraph, NodeKind
 from .cost import CostModel
 from .result import Extraction, GroupChoice, ReshardStep
 
-
 CUTOFF = 1e-6  # with an incumbent plan, only plans this much cheaper are sought
 NO_CHEAPER = "optimal"  # proven: no plan is cheaper than the incumbent
 
