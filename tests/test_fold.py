@@ -204,3 +204,31 @@ def test_named_scopes_name_the_loops_and_say_why_layers_did_not_fold():
     (note,) = plan.program.notes
     assert note.startswith("layer{i}, i = 0..5: not folded") and "`tanh`" in note and "`sin`" in note
     assert note in plan.explain()
+
+
+def test_programs_with_control_flow_still_fold():
+    """A training step with a lax.cond in its optimizer (optax.apply_if_finite) and a lax.scan
+    beside its unrolled layers: the layers fold around the regions, which keep their own plans."""
+    import optax
+
+    tx = optax.apply_if_finite(optax.sgd(0.1), 3)
+
+    def train(p, s, x):
+        def loss(p):
+            h = mlp(p, x)
+            h, _ = jax.lax.scan(lambda c, _: (jnp.tanh(c), None), h, None, length=2)
+            return jnp.mean(h ** 2)
+
+        g = jax.grad(loss)(p)
+        u, s = tx.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    p, x = params(6)
+    s = tx.init(p)
+    folded = fold(trace(train, (p, s, x)))
+    assert any(r.folded for r in folded.scans) and any(r.kind == "branch" for r in folded.scans)
+    assert any(r.kind == "scan" and not r.folded for r in folded.scans)
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    plan = shardsat.saturate_and_extract(train, mesh, p, s, x, fold_loops=True, state_argnums=(0, 1), strict=True)
+    assert any(r.folded for r in plan.program.scans)
+    assert_equivalent(plan, train, p, s, x)

@@ -145,7 +145,7 @@ def fold(prog: Program, pair: bool = True) -> Program:
     """The program with its unrolled loops rewritten as scans (unchanged if there are none);
     `pair`: two repeats per body where the loops are long enough (see _choose_pairs). Its notes
     say which `jax.named_scope`d layers stayed unfolded, and why."""
-    if prog.scans or len(prog.equations) < 2 * MIN_REPEATS:
+    if len(prog.equations) < 2 * MIN_REPEATS:
         return prog
     # layers may differ only in a scalar (a dropout key's layer index): the literal-blind keys
     # find them, but can also pair up runs that do not fold (Adam's two bias corrections, which
@@ -156,7 +156,10 @@ def fold(prog: Program, pair: bool = True) -> Program:
     for exact in (True, False):
         if not exact and best is not None and len(best.equations) <= LOOSE_TRIED * len(prog.equations):
             break
+        # only top-level equations fold: a region's (a lax.scan or while body, a cond branch)
+        # are barriers that no repeat spans
         keys = [(program_key if exact else fold_key)(prog, e) for e in prog.equations]
+        keys = [k if e.region is None else f"@region{e.index}" for k, e in zip(keys, prog.equations, strict=True)]
         runs = []
         for run in find_runs(keys):
             slots = _classify(prog, run, literals_equal=exact)
@@ -246,8 +249,8 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]],
     replays the original repeats with the body's layouts."""
     values = list(prog.values)
     equations: list[Equation] = []
-    scans: list[ScanRegion] = []
-    carries: list[int] = []
+    scans: list[ScanRegion] = list(prog.scans)  # the program's own regions keep their indices
+    carries: list[int] = list(prog.carries)
     aliases: dict[int, int] = dict(prog.aliases)
 
     def root(v: int) -> int:
@@ -273,7 +276,7 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]],
     while i < len(prog.equations):
         if i not in run_at:
             e = prog.equations[i]
-            emit(e, list(e.inputs), list(e.outputs), None)
+            emit(e, list(e.inputs), list(e.outputs), e.region)
             i += 1
             continue
         run, slots = run_at[i]
@@ -384,7 +387,8 @@ def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]],
     # An alias shares its representative's layout, not its value: an equation reading a member must
     # never be merged with one reading another member, so its key is made its own.
     for e in equations:
-        if e.region is None and any(isinstance(a, int) and a in aliases for a in e.inputs):
+        folded = e.region is not None and scans[e.region].folded
+        if not folded and any(isinstance(a, int) and a in aliases for a in e.inputs):
             _unique_key(e)
     return Program(
         values=values, equations=equations, args=prog.args, consts=prog.consts, const_values=prog.const_values,

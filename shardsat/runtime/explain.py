@@ -110,6 +110,9 @@ def explain(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+REGION_KINDS = {"scan": "lax.scan", "while": "while body", "while_cond": "while predicate", "branch": "cond branch"}
+
+
 def _loops(plan: Plan) -> list[str]:
     """Scan bodies and folded loops (each planned once), named after their `jax.named_scope`s,
     and the notes folding left on scoped layers it did not fold."""
@@ -124,11 +127,11 @@ def _loops(plan: Plan) -> list[str]:
             kind = "folded loop" + (f", {per} repeats per body" if per > 1 else "")
             scope = loop_scope(e for eqs in reg.replay.values() for e in eqs)
         else:
-            kind = "lax.scan"
+            kind = REGION_KINDS.get(reg.kind, reg.kind)
             scope = loop_scope(body)
         rows.append([str(reg.index), kind, str(reg.length), str(len(body)), scope or "-",
                      body[0].source if body else "-"])
-    lines = ["", "Loops (each body planned once, for all its iterations)"]
+    lines = ["", "Loops and branches (each body planned once, for all its iterations)"]
     if rows:
         lines += _table(["loop", "kind", "iterations", "body equations", "named scope", "first equation"], rows)
     lines += [f"  {n}" for n in prog.notes]
