@@ -116,3 +116,24 @@ def test_exact_extraction_of_a_small_program_takes_seconds():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no memory warning: the explicit limit is met
         assert_equivalent(plan, f, *args)
+
+
+def test_planned_under_a_mesh_of_explicit_axes():
+    """Planned inside `jax.set_mesh` of Explicit axes (their shardings went into the traced
+    equations' params; the runtime's Auto mesh rejected them), run there on committed arrays."""
+    from jax.sharding import AxisType, NamedSharding
+
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+
+    def f(x, ids):
+        masked = jnp.where((ids > 0)[:, None], x, 0.0)
+        return masked.sum(0), jnp.broadcast_to(masked.max(1), (5, 8)) * 2.0
+
+    x = jax.device_put(jnp.linspace(-1, 1, 8 * 16).reshape(8, 16), NamedSharding(mesh, P("data")))
+    ids = jax.device_put(jnp.arange(8, dtype=jnp.int32) % 3, NamedSharding(mesh, P("data")))
+    with jax.set_mesh(mesh):
+        plan = strict_plan(f, mesh, x, ids)
+        got = plan.jit()(x, ids)
+        want = jax.jit(f)(x, ids)
+    for g, w in zip(got, want, strict=True):
+        assert jnp.allclose(g, w)

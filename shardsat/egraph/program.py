@@ -303,14 +303,14 @@ def _path_str(path: tuple[Any, ...]) -> str:
 
 
 def trace(fn: Callable[..., Any], args: Sequence[Any], mesh: Any = None) -> Program:
-    """Trace `fn(*args)` into a Program (args may hold arrays or ShapeDtypeStructs). Outside a
-    mesh context, `fn` is traced under `mesh` (give it Auto axes), as jax.jit would run it under
-    the user's: `with_sharding_constraint(x, P(...))` needs one."""
+    """Trace `fn(*args)` into a Program (args may hold arrays or ShapeDtypeStructs), under
+    `mesh` where given (with Auto axes: the plan's runtime mesh): `with_sharding_constraint(x,
+    P(...))` needs a mesh in context, and under a user's mesh of Explicit axes jax would write
+    that mesh's shardings into the equations' types and params, which the runtime's Auto mesh
+    then rejects."""
     args = tuple(args)
     abstract = jax.tree_util.tree_map(_abstract, args)
-    context = jax.set_mesh(mesh) if mesh is not None and jax.sharding.get_abstract_mesh().empty \
-        else contextlib.nullcontext()
-    with context:
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
     leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path(abstract)
     arg_paths = [f"args{_path_str(p)}" for p, _ in leaves_with_path]
