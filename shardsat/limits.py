@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .checks import integer, integer_problem, real, real_problem
 from .errors import InvalidArgumentError
 
 
@@ -22,7 +23,7 @@ class Limits:
     """Bounds on the search.
 
     iterations: rule-application rounds of the saturation loop.
-    nodes: e-nodes in the e-graph; the loop stops once this many exist.
+    nodes: e-nodes in the e-graph; saturation stops before a round that would pass this many.
     seconds: wall time of saturation plus extraction.
     """
 
@@ -31,7 +32,18 @@ class Limits:
     seconds: float = 120.0
 
     def __post_init__(self) -> None:
-        if self.iterations < 1 or self.nodes < 1 or self.seconds <= 0:
+        # checked one by one and reported together: NaN and inf compare False with everything,
+        # so `x < 1` style checks let them through, and a float round count never ends a loop
+        problems = [p for p in (integer_problem("iterations", self.iterations),
+                                integer_problem("nodes", self.nodes),
+                                real_problem("seconds", self.seconds)) if p]
+        if problems:
             raise InvalidArgumentError(
-                f"Limits must be positive, got {self}. Consider the defaults: shardsat.Limits()."
+                f"shardsat.Limits: {'; '.join(problems)}. Consider the defaults, shardsat.Limits() "
+                "(iterations=1000, nodes=5_000_000, seconds=120.0), or whole numbers such as "
+                "Limits(iterations=50, nodes=1_000_000, seconds=30)."
             )
+        # integral floats (nodes=1e6) are kept as ints: the search compares and counts with them
+        object.__setattr__(self, "iterations", integer(self.iterations))
+        object.__setattr__(self, "nodes", integer(self.nodes))
+        object.__setattr__(self, "seconds", real(self.seconds))

@@ -53,7 +53,7 @@ class Problem:
     combinable: frozenset[int]
     describe: Callable[[int], str]
     roots: list[tuple[int, frozenset[int] | None]]
-    place_pins: dict[int, int]
+    place_pins: dict[int, frozenset[int]]
     ties: list[tuple[int, int]]
     seeds: list[dict[int, int]]
     weight: np.ndarray  # per value group: executions per step (scan bodies: iterations)

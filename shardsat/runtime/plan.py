@@ -22,6 +22,7 @@ from ..extract.structure import heavy_roles
 from ..limits import StopReason
 from ..rules.apply import RuleTables
 from ..rules.primitives import ELEMENTWISE
+from .argcheck import PlannedArgs, planned_args
 from .hlo import count_collectives
 from .lower import EqnRun, Step, make_interpreter
 
@@ -152,14 +153,17 @@ class PlannedFunction:
     plan's layout first."""
 
     def __init__(self, jitted: Any, in_shardings: tuple[Any, ...], donate_argnums: tuple[int, ...] = (),
-                 mesh: Mesh | None = None) -> None:
+                 mesh: Mesh | None = None, planned: PlannedArgs | None = None) -> None:
         self.jitted = jitted
         self.in_shardings = in_shardings
         self.donate_argnums = donate_argnums
         self.mesh = mesh  # the runtime's (Auto) mesh the plan lowers on
+        self.planned = planned  # the arguments the plan was made for: others are refused
 
     def _prepare(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         leaves, tree = jax.tree_util.tree_flatten(args)
+        if self.planned is not None:
+            self.planned.check(leaves, tree)
         shardings = jax.tree_util.tree_leaves(self.in_shardings)
         if len(shardings) != len(leaves):
             return args
@@ -211,7 +215,7 @@ class Plan:
         profile: DeviceProfile,
         report: Report,
         model: CostModel | None = None,
-        arg_pins: dict[int, int] | None = None,
+        arg_pins: dict[int, frozenset[int]] | None = None,
         ties: list[tuple[int, int]] | None = None,
         state_argnums: list[int] | None = None,
         memory: MemoryEstimate | None = None,
@@ -325,10 +329,18 @@ class Plan:
         spec = PartitionSpec() if lid is None else self._layouts[lid].spec(self.axes)
         return NamedSharding(self.runtime_mesh, spec)
 
+    def _pinned(self, pos: int) -> int | None:
+        """The layout an argument the plan never reads is passed in: its pin's (of a partial pin,
+        the one that splits least)."""
+        lays = self.arg_pins.get(pos)
+        if not lays:
+            return None
+        return min(lays, key=lambda lid: (len(self._layouts[lid].used_axes()), lid))
+
     @property
     def in_shardings(self) -> tuple[Any, ...]:
         """One pytree of NamedSharding per positional argument."""
-        leaves = [self._sharding(self.produced.get(vid, self.arg_pins.get(pos)))
+        leaves = [self._sharding(self.produced.get(vid, self._pinned(pos)))
                   for pos, vid in enumerate(self.program.args)]
         return tuple(jax.tree_util.tree_unflatten(self.program.in_tree, leaves))
 
@@ -352,14 +364,12 @@ class Plan:
             self.extraction.root_layouts, self.canon, self.extraction.carry_layouts,
         )
         prog = self.program
+        expected = planned_args(prog)
 
         def planned(*args: Any) -> Any:
             leaves, tree = jax.tree_util.tree_flatten(args)
-            if tree != prog.in_tree:
-                raise ShardsatError(
-                    f"plan.jit() of `{prog.name}` got arguments with structure {tree}, but the plan was "
-                    f"made for {prog.in_tree}. Consider planning again for these arguments."
-                )
+            expected.check(leaves, tree)
+            expected.check_weak(self.fn, leaves)  # once per weak-type signature: jit traces again for one
             outs = interp(*leaves)
             return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
@@ -370,6 +380,7 @@ class Plan:
             self.in_shardings,
             tuple(donate_argnums),
             self.runtime_mesh,
+            expected,
         )
         self._jitted = f
         return f

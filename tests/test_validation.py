@@ -1,0 +1,230 @@
+"""Bad arguments get a clear error in shardsat's family, naming the argument and suggesting a fix
+(issue 12); what is valid but unusual (P.UNCONSTRAINED, weak types, numpy float64) still works."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_equivalent
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardsat
+from shardsat.errors import InvalidArgumentError
+
+U = P.UNCONSTRAINED
+
+
+def mesh24():
+    return jax.make_mesh((2, 4), ("data", "model"))
+
+
+def plan_sin(**options):
+    return shardsat.saturate_and_extract(jnp.sin, mesh24(), jnp.ones((8, 8)), **options)
+
+
+def error_of(fn, *args, **kwargs) -> str:
+    with pytest.raises(InvalidArgumentError) as e:
+        fn(*args, **kwargs)
+    return str(e.value)
+
+
+# -- plan.jit() refuses arguments it was not planned for ---------------------------------------------
+def test_jit_refuses_other_shapes_and_dtypes():
+    plan = shardsat.saturate_and_extract(lambda x: x.mean(0), mesh24(), jnp.ones((8, 16)))
+    run = plan.jit()
+    msg = error_of(run, jnp.ones((16, 16)))  # ran before, returning 2.0s
+    assert "args[0]" in msg and "float32[16,16]" in msg and "planned float32[8,16]" in msg
+    assert "Consider planning again" in msg
+    msg = error_of(run, jnp.ones((8, 16), jnp.int32))
+    assert "int32[8,16]" in msg and "planned float32[8,16]" in msg
+    assert "structure" in error_of(run, jnp.ones((8, 16)), jnp.ones(3))
+    assert "float32[4,16]" in error_of(run.lower, jax.ShapeDtypeStruct((4, 16), jnp.float32))
+    # what jax.jit treats as the same program runs: numpy float64 is canonicalised to float32
+    np.testing.assert_allclose(run(np.ones((8, 16))), np.ones(16))
+
+
+def test_jit_nested_pytree_path_is_named():
+    def f(params, x):
+        return x @ params["w"]
+
+    params, x = {"w": jnp.ones((8, 4))}, jnp.ones((16, 8))
+    plan = shardsat.saturate_and_extract(f, mesh24(), params, x)
+    msg = error_of(plan.jit(), {"w": jnp.ones((8, 8))}, x)
+    assert "args[0]['w']" in msg and "float32[8,8]" in msg and "planned float32[8,4]" in msg
+
+
+def test_jit_weak_types_accepted_where_the_program_is_the_same():
+    def scale(x, s):
+        return x * s
+
+    x = jnp.arange(128.0).reshape(8, 16)
+    plan = shardsat.saturate_and_extract(scale, mesh24(), x, jnp.float32(2.0))
+    np.testing.assert_allclose(plan.jit()(x, 3.0), x * 3.0)  # a Python float: same program
+    # a Python int is int32 to jax: another dtype than planned
+    assert "got int32[] (a Python int), planned float32[]" in error_of(plan.jit(), x, 3)
+    # a Python scalar example is planned as an array; a strong scalar runs it
+    plan = shardsat.saturate_and_extract(scale, mesh24(), x, 2.0)
+    np.testing.assert_allclose(plan.jit()(x, jnp.float32(3.0)), x * 3.0)
+    # bfloat16 times a weak float stays bfloat16 under jax.jit, but the plan multiplies in
+    # float32 (its scalar is an array): a different program, refused
+    xb = x.astype(jnp.bfloat16)
+    plan = shardsat.saturate_and_extract(scale, mesh24(), xb, jnp.float32(2.0))
+    msg = error_of(plan.jit(), xb, 3.0)
+    assert "args[1]: weakly typed" in msg and "different program" in msg and "jnp.asarray" in msg
+    assert plan.jit()(xb, jnp.float32(3.0)).dtype == jnp.float32
+
+
+# -- options are checked before tracing, several at once ---------------------------------------------
+def test_options_checked_before_tracing():
+    traced = []
+
+    def f(x):
+        traced.append(1)
+        return jnp.sin(x)
+
+    msg = error_of(shardsat.saturate_and_extract, f, mesh24(), jnp.ones(8), extraction="fast",
+                   fold_loops="yes", progress="loud", memory_limit=True, state_argnums=True)
+    assert not traced
+    assert "5 malformed options" in msg
+    for word in ("extraction", "'fast'", "fold_loops", "'yes'", "progress", "memory_limit", "bool True",
+                 "state_argnums"):
+        assert word in msg
+
+
+@pytest.mark.parametrize("options, words", [
+    (dict(memory_limit=True), ["memory_limit", "True", "whole number of bytes"]),
+    (dict(memory_limit=0.5), ["memory_limit", "0.5"]),
+    (dict(memory_limit=float("nan")), ["memory_limit", "nan"]),
+    (dict(memory_limit="16GB"), ["memory_limit", "'16GB'"]),
+    (dict(state_argnums=True), ["state_argnums", "True"]),
+    (dict(state_argnums=(0, 0)), ["state_argnums", "twice"]),
+    (dict(state_argnums=3), ["state_argnums", "names 3", "1 positional"]),
+    (dict(state_argnums=(0.5,)), ["state_argnums", "0.5"]),
+    (dict(fold_loops="yes"), ["fold_loops", "'yes'", "True, False or None"]),
+    (dict(fold_loops=1), ["fold_loops", "int 1"]),
+    (dict(progress="yes"), ["progress", "'yes'"]),
+    (dict(extraction="fast"), ["extraction", "'fast'", "'greedy'"]),
+    (dict(fallback="skip"), ["fallback", "'skip'"]),
+    (dict(limits={"seconds": 5}), ["limits must be a shardsat.Limits", "shardsat.Limits(**{'seconds': 5})"]),
+    (dict(limits=30), ["limits must be a shardsat.Limits", "int 30"]),
+    (dict(profile=["h100"]), ["profile must be a preset name", "'h100'", "list"]),
+    (dict(profile="a100"), ["Unknown device profile 'a100'", "'h100'", "'tpu_v5e'"]),
+    (dict(rules=[42]), ["rules[0] is int 42", "shardsat.Rewrite", "egglog rulesets"]),
+    (dict(rules="matmul"), ["rules must be a list"]),
+    (dict(in_shardings=P("data")), ["in_shardings must be a tuple", "(P('data',),)"]),
+    (dict(in_shardings=(P("data"), P())), ["in_shardings has 2 entries", "1 positional"]),
+])
+def test_bad_options_name_the_option(options, words):
+    msg = error_of(plan_sin, **options)
+    for word in words:
+        assert word in msg, (word, msg)
+
+
+def test_valid_unusual_options_are_accepted():
+    assert plan_sin(memory_limit=1e9).report.memory_limit == 10**9
+    assert plan_sin(memory_limit=np.int64(10**9)).report.memory_limit == 10**9
+    plan_sin(fold_loops=np.bool_(False), progress=False, limits=shardsat.Limits(nodes=1e6))
+
+
+# -- pins ------------------------------------------------------------------------------------------
+def test_string_pins_are_named_with_the_spec_they_meant():
+    msg = error_of(plan_sin, in_shardings=("data",))
+    assert "in_shardings[0] is the string 'data'" in msg and "one mesh axis per character" in msg
+    assert "P('data')" in msg
+    msg = error_of(plan_sin, out_shardings="data")
+    assert "out_shardings is the string 'data'" in msg and "P('data')" in msg
+    msg = error_of(shardsat.saturate_and_extract, lambda p: p["w"] * 2, mesh24(), {"w": jnp.ones(8)},
+                   in_shardings=({"w": "model"},))
+    assert "in_shardings[0]['w'] is the string 'model'" in msg
+    msg = error_of(plan_sin, in_shardings="data")
+    assert "in_shardings must be a tuple" in msg and "in_shardings=(P('data'),)" in msg
+
+
+def test_pins_on_another_mesh_are_refused():
+    other = jax.make_mesh((8,), ("x",))
+    msg = error_of(plan_sin, in_shardings=(NamedSharding(other, P("x")),))
+    assert "in_shardings[0] is a NamedSharding on mesh {'x': 8}" in msg and "{'data': 2, 'model': 4}" in msg
+    same_shape = jax.make_mesh((2, 4), ("data", "model"), devices=jax.devices()[::-1])
+    msg = error_of(plan_sin, out_shardings=NamedSharding(same_shape, P("data")))
+    assert "out_shardings is a NamedSharding on a mesh of other devices" in msg
+    swapped = jax.make_mesh((4, 2), ("model", "data"))
+    assert "not the plan's mesh" in error_of(plan_sin, in_shardings=(NamedSharding(swapped, P()),))
+    # the plan's own mesh with other axis types is the same mesh
+    explicit = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    plan = plan_sin(in_shardings=(NamedSharding(explicit, P("data")),))
+    assert plan.in_shardings[0].spec == P("data")
+
+
+def test_bad_pin_leaves_and_entries():
+    assert "in_shardings[0] is int 3" in error_of(plan_sin, in_shardings=(3,))
+    msg = error_of(plan_sin, in_shardings=(P(None, ("data", 3)),))
+    assert "entry ('data', 3) for dimension 1" in msg and "P.UNCONSTRAINED" in msg
+
+
+def test_unconstrained_pins_leave_a_dimension_free():
+    def f(w, x):
+        return jnp.tanh(x @ w)
+
+    w, x = jnp.ones((64, 64)), jnp.ones((32, 64))
+    for ins, outs in [((P(U, None), None), P(U, None)), ((None, P("data", U)), P(U, "model")),
+                      ((U, None), U), ((P(U, U), P(None, U)), None)]:
+        plan = shardsat.saturate_and_extract(f, mesh24(), w, x, in_shardings=ins, out_shardings=outs)
+        got = [s.spec for s in plan.in_shardings] + [plan.out_shardings.spec]
+        for pin, spec in zip([*ins, outs], got, strict=True):
+            if isinstance(pin, P):  # pinned dimensions are kept, free ones are whatever the plan chose
+                for d, entry in enumerate(pin):
+                    if entry is not U:
+                        assert (tuple(spec) + (None,) * 2)[d] == entry, (pin, spec)
+        assert_equivalent(plan, f, w, x)
+    # a pinned dimension's axis cannot be taken by a free one
+    plan = shardsat.saturate_and_extract(f, mesh24(), w, x, in_shardings=(P(U, "model"), None))
+    assert plan.in_shardings[0].spec[1] == "model" and "model" not in str(plan.in_shardings[0].spec[0])
+    msg = error_of(shardsat.saturate_and_extract, f, mesh24(), w, x, in_shardings=(P(U, "nope"), None))
+    assert "mesh has no axis 'nope'" in msg
+
+
+# -- Limits and DeviceProfile -----------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(seconds=float("nan")), ["seconds", "nan"]),
+    (dict(seconds=math.inf), ["seconds", "inf"]),
+    (dict(seconds=-1), ["seconds", "-1"]),
+    (dict(iterations=math.inf), ["iterations", "inf"]),
+    (dict(iterations=2.5), ["iterations", "2.5"]),
+    (dict(iterations=True), ["iterations", "True"]),
+    (dict(nodes="many"), ["nodes", "'many'"]),
+    (dict(nodes=0, seconds=0), ["nodes", "seconds"]),
+])
+def test_limits_are_validated(kwargs, words):
+    msg = error_of(shardsat.Limits, **kwargs)
+    for word in ("shardsat.Limits", "Consider", *words):
+        assert word in msg
+
+
+def test_limits_accept_integral_floats():
+    lim = shardsat.Limits(iterations=50.0, nodes=1e6, seconds=3)
+    assert lim.nodes == 10**6 and isinstance(lim.nodes, int) and isinstance(lim.iterations, int)
+    assert lim.seconds == 3.0
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(combine_max=0), ["combine_max", "0"]),
+    (dict(combine_max=2.5), ["combine_max", "2.5"]),
+    (dict(combine_threshold_bytes=0), ["combine_threshold_bytes"]),
+    (dict(flops_per_s=float("nan")), ["flops_per_s", "nan"]),
+    (dict(hbm_bytes_per_s=math.inf), ["hbm_bytes_per_s", "inf"]),
+    (dict(link_bytes_per_s="fast"), ["link_bytes_per_s", "'fast'"]),
+    (dict(link_bytes_per_s={}), ["link_bytes_per_s", "empty"]),
+    (dict(link_bytes_per_s={"data": -1.0}), ["link_bytes_per_s['data']", "-1.0"]),
+    (dict(latency_s=float("nan")), ["latency_s", "nan"]),
+    (dict(memory_bytes=0), ["memory_bytes"]),
+    (dict(name=3), ["name must be a string"]),
+])
+def test_device_profile_fields_are_validated(kwargs, words):
+    base = dict(flops_per_s=1e14, hbm_bytes_per_s=1e12, link_bytes_per_s=1e11, latency_s=1e-6)
+    msg = error_of(shardsat.DeviceProfile, **{**base, **kwargs})
+    for word in ("DeviceProfile", "Consider", *words):
+        assert word in msg
+    shardsat.DeviceProfile(**{**base, "latency_s": 0.0, "link_bytes_per_s": {"*": 1e10}})
