@@ -201,3 +201,34 @@ def memory_limit_problem(memory_limit: Any) -> str | None:
         return None
     return (f"memory_limit must be a whole number of bytes per device (>= 1), 'device' or None, got "
             f"{type(memory_limit).__name__} {memory_limit!r}. Consider memory_limit=16 * 2**30 (16 GiB).")
+
+
+def signature_problems(primitive: Any, spec: Any, reduction_factors: Any, need_replication_factors: Any,
+                       linear: Any, flops_per_element: Any) -> list[str]:
+    """register_signature's arguments, before the spec is parsed (whose errors name the rule)."""
+    from jax.experimental.custom_partitioning import custom_partitioning
+
+    out = []
+    if not (isinstance(primitive, str | custom_partitioning) or hasattr(primitive, "bind")):
+        kind = f"function `{getattr(primitive, '__qualname__', '?')}`" if callable(primitive) else \
+            f"{type(primitive).__name__} {primitive!r}"
+        out.append(f"primitive must be a jax Primitive (jax.extend.core.Primitive), a primitive's name or a "
+                   f"custom_partitioning function, got {kind}. Consider decorating the function with "
+                   "jax.experimental.custom_partitioning and calling def_partition first.")
+    if not isinstance(spec, str):
+        out.append(f"spec must be a string such as 'b d, d -> b d', got {type(spec).__name__} {spec!r}.")
+    for label, fs in (("reduction_factors", reduction_factors), ("need_replication_factors", need_replication_factors)):
+        if isinstance(fs, str):
+            out.append(f"{label} is the string {fs!r}, which would be read one factor per character. Consider "
+                       f"{label}={tuple(fs.replace(',', ' ').split())!r}.")
+        elif not isinstance(fs, Sequence | set | frozenset) or not all(isinstance(f, str) for f in fs):
+            out.append(f"{label} must be a tuple of factor names, got {fs!r}. Consider {label}=('d',).")
+    groups_ok = isinstance(linear, Sequence) and not isinstance(linear, str) and all(
+        isinstance(g, Sequence) and not isinstance(g, str)
+        and all(isinstance(i, numbers.Integral) and not is_bool(i) for i in g) for g in linear)
+    if not groups_ok:
+        out.append(f"linear must be a list of operand-position groups such as [(0,), (1,)], got {linear!r}.")
+    if real(flops_per_element, positive=False) is None:
+        out.append(f"flops_per_element must be a finite non-negative number (the cost model multiplies it by "
+                   f"the result's elements), got {flops_per_element!r}. Consider flops_per_element=1.0.")
+    return out

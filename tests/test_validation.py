@@ -228,3 +228,98 @@ def test_device_profile_fields_are_validated(kwargs, words):
     for word in ("DeviceProfile", "Consider", *words):
         assert word in msg
     shardsat.DeviceProfile(**{**base, "latency_s": 0.0, "link_bytes_per_s": {"*": 1e10}})
+
+
+# -- register_signature, Rewrite and shardsat.testing ------------------------------------------------
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(flops_per_element=-1.0), ["flops_per_element", "-1.0"]),
+    (dict(flops_per_element=float("nan")), ["flops_per_element", "nan"]),
+    (dict(flops_per_element="cheap"), ["flops_per_element", "'cheap'"]),
+    (dict(need_replication_factors="dk"), ["need_replication_factors is the string 'dk'", "('dk',)"]),
+    (dict(reduction_factors=[1]), ["reduction_factors must be a tuple of factor names"]),
+    (dict(linear=[0, 1]), ["linear must be a list of operand-position groups", "[(0,), (1,)]"]),
+    (dict(spec=None), ["spec must be a string"]),
+    (dict(primitive=lambda x: x), ["primitive must be a jax Primitive", "custom_partitioning"]),
+])
+def test_register_signature_arguments(kwargs, words):
+    from jax.extend.core import Primitive
+
+    args = dict(primitive=Primitive("validation_test_prim"), spec="b dk -> b dk")
+    args.update(kwargs)
+    msg = error_of(shardsat.register_signature, args.pop("primitive"), args.pop("spec"), **args)
+    for word in ("register_signature", *words):
+        assert word in msg
+
+
+def test_register_signature_zero_flops_is_fine():
+    from jax.extend.core import Primitive
+
+    rule = shardsat.register_signature(Primitive("validation_free_prim"), "a -> a", flops_per_element=0)
+    assert rule.flops_per_element == 0
+
+
+S = jax.ShapeDtypeStruct
+F32 = jnp.float32
+
+
+def test_rewrite_arity_and_types_are_checked_where_it_is_made():
+    msg = error_of(shardsat.Rewrite, "bad-arity", lambda a, b: a @ b, lambda a, b: a @ b,
+                   example_args=(S((2, 3), F32),))
+    assert "Rewrite `bad-arity`: lhs takes operands (a, b)" in msg and "1 operand" in msg
+    msg = error_of(shardsat.Rewrite, "rhs-arity", lambda a, b: a @ b, lambda a: a, example_args=(S((2, 3), F32),) * 2)
+    assert "rhs takes operands (a)" in msg
+    assert "lhs must be a function" in error_of(shardsat.Rewrite, "x", "a @ b", lambda a: a, example_args=(S((2,), F32),))
+    assert "example_args must be a tuple" in error_of(shardsat.Rewrite, "x", jnp.sin, jnp.sin, example_args=S((2,), F32))
+    assert "name must be a non-empty string" in error_of(shardsat.Rewrite, None, jnp.sin, jnp.sin, example_args=())
+    rw = shardsat.Rewrite("listed", jnp.sin, jnp.sin, example_args=[S((2,), F32)])
+    assert rw.example_args == (S((2,), F32),)
+    # shapes the lhs does not take: named when the rewrite is applied
+    bad = shardsat.Rewrite("bad-shapes", lambda a, b: a @ b, lambda a, b: a @ b,
+                           example_args=(S((2, 3), F32), S((4, 5), F32)))
+    msg = error_of(shardsat.saturate_and_extract, lambda a, b: a @ b, mesh24(), jnp.ones((8, 8)), jnp.ones((8, 8)),
+                   rules=[bad])
+    assert "Rewrite `bad-shapes` does not trace on its example_args (float32[2, 3], float32[4, 5])" in msg
+
+
+def test_check_rule_reports_one_clear_error():
+    from shardsat.testing import RuleCheckError, check_rule
+
+    def rhs(a, b):  # fails on one shape, is wrong on another: hypothesis finds two distinct failures
+        if a.shape[0] == 4:
+            return jnp.ones(3) + jnp.ones(5)
+        return a @ b + (1.0 if a.shape[0] == 2 else 0.0)
+
+    flaky = shardsat.Rewrite("flaky", lambda a, b: a @ b, rhs, example_args=(S((2, 3), F32), S((3, 5), F32)))
+    with pytest.raises(RuleCheckError) as e:  # was an ExceptionGroup
+        check_rule(flaky, max_examples=20)
+    assert "Rewrite `flaky`" in str(e.value) and "distinct failures" in str(e.value)
+    never = shardsat.Rewrite("never", lambda a: a.reshape(7), lambda a: a.reshape(7), example_args=(S((7,), F32),))
+    msg = error_of(check_rule, never, max_examples=5)  # was hypothesis's Unsatisfiable
+    assert "Rewrite `never` could not be checked" in msg and "TypeError" in msg
+    assert "rule must be a SignatureRule" in error_of(check_rule, "dot_general")
+    assert "rtol" in error_of(check_rule, flaky, rtol=float("nan"))
+    assert "sizes must be" in error_of(check_rule, flaky, sizes=())
+
+
+def test_check_plan_tolerance_follows_the_output_dtype():
+    from shardsat.testing import PlanMismatchError, check_plan, default_rtol
+
+    assert default_rtol(jnp.float32) == 1e-5 and default_rtol(jnp.int32) == 1e-5
+    assert default_rtol(jnp.bfloat16) == 8 * float(jnp.finfo(jnp.bfloat16).eps)
+
+    def norm(p, x):
+        h = x @ p["w1"]
+        h = (h - h.mean(-1, keepdims=True)) / jnp.sqrt(h.var(-1, keepdims=True) + 1e-5)
+        return jax.nn.softmax(h @ p["w2"], axis=-1).sum(0)
+
+    k = jax.random.split(jax.random.key(0), 3)
+    for dt in (jnp.bfloat16, jnp.float16):
+        p = {"w1": (jax.random.normal(k[0], (256, 512)) / 16).astype(dt),
+             "w2": (jax.random.normal(k[1], (512, 256)) / 22).astype(dt)}
+        x = jax.random.normal(k[2], (64, 256)).astype(dt)
+        plan = shardsat.saturate_and_extract(norm, mesh24(), p, x, profile="cpu")
+        check_plan(plan, p, x)  # failed with the float32 tolerance, 1e-5
+        with pytest.raises(PlanMismatchError, match="relative error"):
+            check_plan(plan, p, x, rtol=1e-7)  # an explicit rtol still applies
+    assert "check_plan takes the Plan" in error_of(check_plan, norm, p, x)
+    assert "rtol must be" in error_of(check_plan, plan, p, x, rtol=-1)
