@@ -323,3 +323,66 @@ def test_check_plan_tolerance_follows_the_output_dtype():
             check_plan(plan, p, x, rtol=1e-7)  # an explicit rtol still applies
     assert "check_plan takes the Plan" in error_of(check_plan, norm, p, x)
     assert "rtol must be" in error_of(check_plan, plan, p, x, rtol=-1)
+
+
+# -- user egglog rulesets --------------------------------------------------------------------------
+def _growing_ruleset(name: str, copies: int):
+    """Every named value gets `copies` new Val.op twins in each of its At classes, every round:
+    the e-graph grows `copies`-fold per round and never saturates."""
+    from egglog import String, eq, i64, rule, ruleset, union
+
+    from shardsat.egraph.schema import At, Dist, Val, VList
+
+    rs = ruleset(name=name)
+
+    @rs.register
+    def _grow(v: Val, k: String, a: VList, lay: i64, d: Dist):
+        yield rule(eq(d).to(At(v, lay)), eq(v).to(Val.op(k, a))).then(
+            *[union(At(Val.op(k + c, a), lay)).with_(d) for c in "abcdefgh"[:copies]])
+
+    return rs
+
+
+def _mlp2(ps, x):
+    for w1, w2 in ps:
+        x = x + jnp.tanh(x @ w1) @ w2
+    return x.sum()
+
+
+MLP2_ARGS = ([(jnp.ones((256, 1024)), jnp.ones((1024, 256)))] * 2, jnp.ones((64, 256)))
+
+
+def test_fast_growing_ruleset_stops_before_the_node_limit():
+    rs = _growing_ruleset("grow8_nodes", 8)
+    plan = shardsat.saturate_and_extract(_mlp2, mesh24(), *MLP2_ARGS, rules=[rs],
+                                         limits=shardsat.Limits(nodes=200_000))
+    # checked only after each round, the last round took it to 605,629 e-nodes (3x the limit)
+    assert plan.report.stop_reason == shardsat.StopReason.NODE_LIMIT
+    assert plan.report.e_nodes <= 200_000
+
+
+def test_fast_growing_ruleset_stops_in_time():
+    import time
+
+    rs = _growing_ruleset("grow8_time", 8)
+    t = time.perf_counter()
+    plan = shardsat.saturate_and_extract(_mlp2, mesh24(), *MLP2_ARGS, rules=[rs], limits=shardsat.Limits(seconds=1))
+    searched = time.perf_counter() - t - plan.report.trace_s
+    # the last round and the export of what it made overran a 2 s limit by 6x
+    assert plan.report.stop_reason == shardsat.StopReason.TIME_LIMIT
+    assert searched < 2.0, searched
+
+
+def test_ruleset_inventing_value_ids_is_named():
+    from egglog import String, i64, rule, ruleset, union
+
+    from shardsat.egraph.schema import Val, ValOpT
+
+    rs = ruleset(name="invents_refs")
+
+    @rs.register
+    def _invent(id: i64, k: String, n: i64):
+        yield rule(ValOpT(id, k, n)).then(union(Val.ref(id)).with_(Val.ref(id + 1000)))
+
+    msg = error_of(shardsat.saturate_and_extract, jnp.sin, mesh24(), jnp.ones((8, 16)), rules=[rs])
+    assert "'invents_refs'" in msg and "Val.ref" in msg and "[1001]" in msg and "Consider Val.op" in msg
