@@ -8,8 +8,9 @@ naming the option (and the pytree path of a pin) with a fix, in the style of err
 
 from __future__ import annotations
 
+import inspect
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -36,7 +37,9 @@ def check_options(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
     problems: list[str] = []
     if not callable(fn):
         problems.append(f"fn must be callable (the function to plan), got {type(fn).__name__} {fn!r}.")
-    problems += _profile_problems(profile)
+    else:
+        problems += _arity_problems(fn, example_args)
+    problems += _profile_problems(profile, mesh)
     if limits is not None and not isinstance(limits, Limits):
         hint = f"shardsat.Limits(**{limits!r})" if isinstance(limits, dict) else "shardsat.Limits(seconds=30)"
         problems.append(f"limits must be a shardsat.Limits or None, got {type(limits).__name__} {limits!r}. "
@@ -65,8 +68,30 @@ def check_options(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
             + "\n".join(f"  * {p}" for p in problems))
 
 
-def _profile_problems(profile: Any) -> list[str]:
-    if profile is None or isinstance(profile, DeviceProfile):
+def _arity_problems(fn: Callable[..., Any], example_args: tuple[Any, ...]) -> list[str]:
+    """fn takes as many positional arguments as there are examples (a common slip: one tuple
+    of them, saturate_and_extract(fn, mesh, (params, x)), instead of saturate_and_extract(fn, mesh,
+    params, x))."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return []  # a callable without a signature: tracing will tell
+    try:
+        sig.bind(*example_args)
+    except TypeError as e:
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        hint = " (one tuple of them? pass them unpacked: saturate_and_extract(fn, mesh, *args))" \
+            if len(example_args) == 1 and isinstance(example_args[0], tuple) else ""
+        return [f"`{name}{sig}` cannot be called with the {len(example_args)} example argument(s) given{hint}: {e}. "
+                "Consider one example argument (array, jax.ShapeDtypeStruct or pytree of them) per positional "
+                "parameter, binding the others with functools.partial."]
+    return []
+
+
+def _profile_problems(profile: Any, mesh: Mesh) -> list[str]:
+    if isinstance(profile, DeviceProfile):
+        return _profile_axes_problems(profile, mesh)
+    if profile is None:
         return []
     presets = ", ".join(repr(p) for p in sorted(PRESETS))
     if isinstance(profile, str):
@@ -78,10 +103,16 @@ def _profile_problems(profile: Any) -> list[str]:
             f"{type(profile).__name__} {profile!r}."]
 
 
-def ruleset_name(rs: Any) -> str:
-    """A ruleset's name as the user gave it (egglog keeps it in `ident`)."""
-    ident = getattr(rs, "ident", None)
-    return f"ruleset {ident.name!r}" if ident is not None else repr(rs)
+def _profile_axes_problems(profile: DeviceProfile, mesh: Mesh) -> list[str]:
+    """A profile's per-axis rates (dicts) cover every mesh axis, by name or under '*'."""
+    out = []
+    for label, rate in (("link_bytes_per_s", profile.link_bytes_per_s), ("latency_s", profile.latency_s)):
+        if isinstance(rate, Mapping) and "*" not in rate:
+            missing = [str(n) for n in mesh.axis_names if n not in rate]
+            if missing:
+                out.append(f"profile's {label} has no entry for mesh axis {', '.join(map(repr, missing))} (it has "
+                           f"{sorted(rate)}). Consider adding them, or a default under '*'.")
+    return out
 
 
 def rules_problems(rules: Any) -> list[str]:

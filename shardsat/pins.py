@@ -31,9 +31,10 @@ def _flat_pins(pins: Any, tree: Any, label: str) -> list[Any]:
             pins, jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves), is_leaf=_is_leaf,
         )
     except ValueError as e:
+        what = "arguments" if label == "in_shardings" else "outputs"
         raise InvalidArgumentError(
-            f"{label} does not match the structure of the arguments: {e}. Consider a pytree prefix of "
-            "the arguments with PartitionSpec or None leaves."
+            f"{label} does not match the structure of the {what} ({tree}): {e}. Consider a pytree prefix of "
+            f"the {what} with PartitionSpec or None leaves."
         ) from e
     return [None if p is UNCONSTRAINED else p
             for p in jax.tree_util.tree_leaves(full, is_leaf=lambda x: x is None or _is_leaf(x))]

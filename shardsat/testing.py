@@ -54,6 +54,10 @@ def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any
     """
     _check_is_plan(plan, "check_plan")
     _check_rtol(rtol, allow_none=True)
+    if reference is not None and not callable(reference):
+        raise InvalidArgumentError(f"check_plan's reference must be the function to compare with, got "
+                                   f"{type(reference).__name__} {reference!r}. Consider reference=fn, or none "
+                                   "(the planned function).")
     fn = reference if reference is not None else plan.fn
     got = plan.jit(donate_argnums=())(*args)
     want = jax.jit(fn)(*args)
@@ -198,6 +202,9 @@ def check_rule(
     except ImportError as e:  # pragma: no cover
         raise ShardsatError("check_rule needs hypothesis: pip install hypothesis") from e
     _check_rule_args(rule, meshes, sizes, max_examples, max_strategies, rtol)
+    if (params is not None and not isinstance(params, dict)) or (apply is not None and not callable(apply)):
+        raise InvalidArgumentError(f"check_rule: params must be a dict of the primitive's parameters and apply a "
+                                   f"function of the operands, got params={params!r}, apply={apply!r}.")
     if isinstance(rule, Rewrite):
         _check_rewrite(rule, sizes, max_examples, rtol, seed)
         return

@@ -386,3 +386,45 @@ def test_ruleset_inventing_value_ids_is_named():
 
     msg = error_of(shardsat.saturate_and_extract, jnp.sin, mesh24(), jnp.ones((8, 16)), rules=[rs])
     assert "'invents_refs'" in msg and "Val.ref" in msg and "[1001]" in msg and "Consider Val.op" in msg
+
+
+# -- more probes: arities, donation, per-axis profiles, references ------------------------------------
+def test_example_arguments_must_fit_the_function():
+    def f(w, x):
+        return x @ w
+
+    w, x = jnp.ones((8, 8)), jnp.ones((16, 8))
+    msg = error_of(shardsat.saturate_and_extract, f, mesh24())  # was a TypeError from tracing
+    assert "`f(w, x)` cannot be called with the 0 example argument(s)" in msg and "'w'" in msg
+    msg = error_of(shardsat.saturate_and_extract, f, mesh24(), (w, x))
+    assert "one tuple of them? pass them unpacked" in msg
+    assert "fn must be callable" in error_of(shardsat.saturate_and_extract, "f", mesh24(), w, x)
+
+
+def test_per_axis_profile_missing_a_mesh_axis_is_named_before_tracing():
+    prof = shardsat.DeviceProfile(1e12, 1e12, {"data": 1e9}, 1e-6)
+    msg = error_of(plan_sin, profile=prof)
+    assert "link_bytes_per_s has no entry for mesh axis 'model'" in msg and "'*'" in msg
+    plan_sin(profile=shardsat.DeviceProfile(1e12, 1e12, {"data": 1e9, "*": 1e10}, {"model": 1e-6, "data": 2e-6}))
+
+
+def test_out_shardings_structure_names_the_outputs():
+    msg = error_of(plan_sin, out_shardings=(None, None))
+    assert "out_shardings does not match the structure of the outputs" in msg
+
+
+def test_jit_donate_argnums_are_checked():
+    plan = shardsat.saturate_and_extract(lambda w, x: x @ w, mesh24(), jnp.ones((8, 8)), jnp.ones((16, 8)))
+    for bad in (True, 5, (0, "1"), "0"):
+        msg = error_of(plan.jit, donate_argnums=bad)
+        assert f"donate_argnums={bad!r}" in msg and "0..1" in msg
+    assert plan.jit(donate_argnums=1).donate_argnums == (1,)  # one position, as jax.jit takes it
+
+
+def test_check_plan_reference_and_check_rule_options():
+    from shardsat.testing import check_plan, check_rule
+
+    plan = plan_sin()
+    assert "reference must be the function" in error_of(check_plan, plan, jnp.ones((8, 8)), reference=3)
+    rw = shardsat.Rewrite("sin", jnp.sin, jnp.sin, example_args=(S((2,), F32),))
+    assert "params must be a dict" in error_of(check_rule, rw, params=[1])

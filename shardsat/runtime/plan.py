@@ -13,7 +13,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import Layout, MeshAxes, SpaceTable, auto_mesh
 from ..egraph.program import Literal, Program
-from ..errors import ShardsatError
+from ..errors import InvalidArgumentError, ShardsatError
 from ..extract.cost import CostModel
 from ..extract.memory import MemoryEstimate, estimate_memory
 from ..extract.profile import DeviceProfile
@@ -199,6 +199,17 @@ class PlannedFunction:
         return getattr(self.jitted, name)
 
 
+def _argnums(nums: Any, n_args: int, name: str) -> tuple[int, ...]:
+    """donate_argnums as jax.jit takes it (a position or a sequence of them), checked."""
+    seq = (nums,) if isinstance(nums, int) and not isinstance(nums, bool) else nums
+    if isinstance(seq, tuple | list) and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n_args
+                                             for i in seq):
+        return tuple(seq)
+    raise InvalidArgumentError(
+        f"plan.jit(donate_argnums={nums!r}) for `{name}`: donate_argnums must be positions of its {n_args} "
+        f"positional argument(s), 0..{n_args - 1}. Consider donate_argnums=() to donate nothing, or (0,).")
+
+
 class Plan:
     """A sharding plan for one function, mesh and device profile."""
 
@@ -357,6 +368,7 @@ class Plan:
         (`state_argnums`) is donated unless `donate_argnums` says otherwise."""
         if donate_argnums is None:
             donate_argnums = self.state_argnums
+        donate_argnums = _argnums(donate_argnums, len(self.program.arg_counts), self.program.name)
         if self._jitted is not None and self._jitted.donate_argnums == tuple(donate_argnums):
             return self._jitted
         interp = make_interpreter(
