@@ -39,6 +39,7 @@ def check_options(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
         problems.append(f"fn must be callable (the function to plan), got {type(fn).__name__} {fn!r}.")
     else:
         problems += _arity_problems(fn, example_args)
+    problems += example_problems(example_args)
     problems += _profile_problems(profile, mesh)
     if limits is not None and not isinstance(limits, Limits):
         hint = f"shardsat.Limits(**{limits!r})" if isinstance(limits, dict) else "shardsat.Limits(seconds=30)"
@@ -86,6 +87,24 @@ def _arity_problems(fn: Callable[..., Any], example_args: tuple[Any, ...]) -> li
                 "Consider one example argument (array, jax.ShapeDtypeStruct or pytree of them) per positional "
                 "parameter, binding the others with functools.partial."]
     return []
+
+
+def example_problems(example_args: tuple[Any, ...]) -> list[str]:
+    """Leaves of the example arguments are arrays, jax.ShapeDtypeStructs or Python numbers, of a
+    dtype jax arrays hold (strings and objects traced through an identity function unnoticed)."""
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(example_args)[0]:
+        where = "args" + jax.tree_util.keystr(path)
+        if isinstance(leaf, bool | int | float | complex):
+            continue
+        kind = getattr(getattr(leaf, "dtype", None), "kind", None)
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            out.append(f"example argument {where} is {type(leaf).__name__} {leaf!r:.60}, not an array. Consider "
+                       "arrays or jax.ShapeDtypeStruct leaves, binding static arguments with functools.partial.")
+        elif kind in ("O", "S", "U", "V", "M", "m"):
+            out.append(f"example argument {where} has dtype {leaf.dtype}, which jax arrays do not hold. Consider a "
+                       "numeric, boolean or PRNG key array.")
+    return out
 
 
 def _profile_problems(profile: Any, mesh: Mesh) -> list[str]:

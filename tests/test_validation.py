@@ -428,3 +428,17 @@ def test_check_plan_reference_and_check_rule_options():
     assert "reference must be the function" in error_of(check_plan, plan, jnp.ones((8, 8)), reference=3)
     rw = shardsat.Rewrite("sin", jnp.sin, jnp.sin, example_args=(S((2,), F32),))
     assert "params must be a dict" in error_of(check_rule, rw, params=[1])
+
+
+def test_example_arguments_of_no_array_dtype_are_named():
+    msg = error_of(shardsat.saturate_and_extract, lambda x: x, mesh24(), np.array(["a", "b"]))
+    assert "example argument args[0] has dtype <U1" in msg
+    msg = error_of(shardsat.saturate_and_extract, lambda d: d["a"], mesh24(), {"a": jnp.ones(8), "b": "x"})
+    assert "example argument args[0]['b'] is str 'x', not an array" in msg
+
+
+@pytest.mark.parametrize("extraction", ["auto", "exact", "greedy"])
+def test_functions_returning_no_arrays_plan_to_nothing(extraction):
+    for fn, want in ((lambda x: 3, 3), (lambda x: None, None)):  # a ValueError in the exact extractor
+        plan = shardsat.saturate_and_extract(fn, mesh24(), jnp.ones(8), extraction=extraction)
+        assert plan.jit()(jnp.ones(8)) == want and plan.cost.total_s == 0.0

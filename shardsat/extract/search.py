@@ -128,7 +128,9 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
         spent += more
     best.explainer = ex.explain
     ex.forget_search()
-    if method == "exact" or (method == "auto" and p.graph.size <= EXACT_AUTO_NODES):
+    # no roots (a function returning no arrays): the empty plan is exact, and HiGHS takes no
+    # problem of zero variables
+    if p.roots and (method == "exact" or (method == "auto" and p.graph.size <= EXACT_AUTO_NODES)):
         if p.graph.unbuilt_nodes:
             raise ValueError("the exact extractor needs the resharding e-nodes: export(reshard=True)")
         left = deadline - time.perf_counter()
