@@ -23,8 +23,10 @@ class Limits:
     """Bounds on the search.
 
     iterations: rule-application rounds of the saturation loop.
-    nodes: e-nodes in the e-graph; saturation stops before a round that would pass this many.
-    seconds: wall time of saturation plus extraction.
+    nodes: e-nodes in the e-graph; saturation stops once this many exist (with user rulesets,
+      also before a round its growth predicts would pass this many).
+    seconds: wall time of saturation plus extraction (with user rulesets, saturation also stops
+      before a round predicted to leave no time to export the e-graph).
     """
 
     iterations: int = 1000
