@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from egglog import Ruleset
 from egglog.egraph import UnstableCombinedRuleset
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -97,14 +98,22 @@ def example_problems(example_args: tuple[Any, ...]) -> list[str]:
         where = "args" + jax.tree_util.keystr(path)
         if isinstance(leaf, bool | int | float | complex):
             continue
-        kind = getattr(getattr(leaf, "dtype", None), "kind", None)
         if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
             out.append(f"example argument {where} is {type(leaf).__name__} {leaf!r:.60}, not an array. Consider "
                        "arrays or jax.ShapeDtypeStruct leaves, binding static arguments with functools.partial.")
-        elif kind in ("O", "S", "U", "V", "M", "m"):
+        elif not _array_dtype(leaf.dtype):
             out.append(f"example argument {where} has dtype {leaf.dtype}, which jax arrays do not hold. Consider a "
                        "numeric, boolean or PRNG key array.")
     return out
+
+
+def _array_dtype(dtype: Any) -> bool:
+    """A dtype jax arrays hold: numbers (bfloat16, int4 and float8 too), bool, PRNG keys."""
+    try:
+        return bool(jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)
+                    or jax.dtypes.issubdtype(dtype, jax.dtypes.extended))
+    except TypeError:
+        return False
 
 
 def _profile_problems(profile: Any, mesh: Mesh) -> list[str]:

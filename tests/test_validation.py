@@ -435,6 +435,9 @@ def test_example_arguments_of_no_array_dtype_are_named():
     assert "example argument args[0] has dtype <U1" in msg
     msg = error_of(shardsat.saturate_and_extract, lambda d: d["a"], mesh24(), {"a": jnp.ones(8), "b": "x"})
     assert "example argument args[0]['b'] is str 'x', not an array" in msg
+    # dtypes numpy files under kind 'V' are jax's own: accepted
+    shardsat.saturate_and_extract(lambda k, x, y: (jax.random.normal(k, x.shape) + x, y), mesh24(), jax.random.key(0),
+                                  jnp.ones(8, jnp.bfloat16), jax.ShapeDtypeStruct((8,), jnp.int4))
 
 
 @pytest.mark.parametrize("extraction", ["auto", "exact", "greedy"])

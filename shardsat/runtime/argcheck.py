@@ -71,10 +71,16 @@ class PlannedArgs:
         )
 
     def check(self, leaves: list[Any], tree: Any) -> None:
-        """Structure, shapes and dtypes (per call, before jax.jit sees the arguments)."""
+        """Structure, shapes and dtypes: raises the mismatch, if any."""
+        err = self.mismatch(leaves, tree)
+        if err is not None:
+            raise err
+
+    def mismatch(self, leaves: list[Any], tree: Any) -> InvalidArgumentError | None:
+        """The error naming every argument that is not as planned, or None."""
         if tree != self.tree:
-            raise self._refuse([f"structure {tree}, planned {self.tree}"],
-                               "A plan holds for the pytree structure it was made for.")
+            return self._refuse([f"structure {tree}, planned {self.tree}"],
+                                "A plan holds for the pytree structure it was made for.")
         bad = []
         for k, x in enumerate(leaves):
             if getattr(x, "shape", None) == self.shapes[k] and getattr(x, "dtype", None) == self.dtypes[k]:
@@ -85,8 +91,9 @@ class PlannedArgs:
             what = f" (a Python {type(x).__name__})" if isinstance(x, _SCALARS) else ""
             bad.append(f"{self.paths[k]}: got {_fmt(*got)}{what}, planned {_fmt(self.shapes[k], self.dtypes[k])}")
         if bad:
-            raise self._refuse(bad, "A plan's layouts, collectives and the shapes inside its program (a mean's "
-                                    "divisor, a reshape's sizes) hold only for the planned shapes and dtypes.")
+            return self._refuse(bad, "A plan's layouts, collectives and the shapes inside its program (a mean's "
+                                     "divisor, a reshape's sizes) hold only for the planned shapes and dtypes.")
+        return None
 
     def check_weak(self, fn: Any, leaves: list[Any]) -> None:
         """At trace time: weakly typed leaves (Python scalars) where the plan has strong types are

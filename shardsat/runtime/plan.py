@@ -162,7 +162,7 @@ class PlannedFunction:
 
     def _prepare(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         leaves, tree = jax.tree_util.tree_flatten(args)
-        if self.planned is not None:
+        if self.planned is not None and tree != self.planned.tree:
             self.planned.check(leaves, tree)
         shardings = jax.tree_util.tree_leaves(self.in_shardings)
         if len(shardings) != len(leaves):
@@ -172,15 +172,29 @@ class PlannedFunction:
         moved = [jax.device_put(x, s) if _needs_move(x, s) else x for x, s in zip(leaves, shardings, strict=True)]
         return jax.tree_util.tree_unflatten(tree, moved)
 
+    def _run(self, fn: Any, args: tuple[Any, ...]) -> Any:
+        """fn (the jitted function or its lower) on the prepared arguments. Shapes and dtypes are
+        checked where it costs nothing per call: jit traces `planned` (which checks them) again
+        for every new signature, and where jit rejects the arguments before tracing (a sharding
+        that does not divide, another rank) its error gives way to the one naming the argument."""
+        prepared = self._prepare(args)
+        try:
+            return fn(*prepared)
+        except Exception:
+            err = None if self.planned is None else self.planned.mismatch(*jax.tree_util.tree_flatten(args))
+            if err is None:
+                raise
+        raise err
+
     def __call__(self, *args: Any) -> Any:
         context = jax.sharding.get_abstract_mesh()
         if self.mesh is None or context.empty:
-            return self.jitted(*self._prepare(args))
+            return self._run(self.jitted, args)
         # Inside `jax.set_mesh(mesh)` (the way Explicit axes are used) the plan's constraints on
         # its Auto copy of the mesh would be type errors: it runs under its own mesh, and its
         # outputs are handed back on the caller's, where they are usable
         with jax.set_mesh(self.mesh):
-            out = self.jitted(*self._prepare(args))
+            out = self._run(self.jitted, args)
         explicit = [n for n, t in zip(context.axis_names, context.axis_types, strict=True) if t == AxisType.Explicit]
         if not explicit:
             return out
@@ -191,9 +205,9 @@ class PlannedFunction:
 
     def lower(self, *args: Any) -> Any:
         if self.mesh is None or jax.sharding.get_abstract_mesh().empty:
-            return self.jitted.lower(*self._prepare(args))
+            return self._run(self.jitted.lower, args)
         with jax.set_mesh(self.mesh):
-            return self.jitted.lower(*self._prepare(args))
+            return self._run(self.jitted.lower, args)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.jitted, name)
