@@ -172,7 +172,7 @@ class EGraphRun:
         builtin = [rs for rs in rulesets if _is_builtin(rs)]
         user = [rs for rs in rulesets if not _is_builtin(rs)]
         if user:
-            return self._saturate_stepwise(builtin, user, limits, deadline, on_iteration)
+            return self._saturate_predicted(builtin, user, limits, deadline, on_iteration)
         report = SaturationReport()
         start = time.perf_counter()
         combined = base_rules
@@ -202,7 +202,7 @@ class EGraphRun:
         report.seconds = time.perf_counter() - start
         return report
 
-    def _saturate_stepwise(self, builtin: Sequence[Ruleset], user: Sequence[Ruleset], limits: Limits,
+    def _saturate_predicted(self, builtin: Sequence[Ruleset], user: Sequence[Ruleset], limits: Limits,
                            deadline: float, on_iteration: Callable[[int, int], None] | None) -> SaturationReport:
         """Rounds of every rule, as without user rules, but before each round the last rounds'
         growth predicts the next (a rule that doubled the e-graph doubles it again): a round that

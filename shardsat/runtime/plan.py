@@ -177,9 +177,8 @@ class PlannedFunction:
         checked where it costs nothing per call: jit traces `planned` (which checks them) again
         for every new signature, and where jit rejects the arguments before tracing (a sharding
         that does not divide, another rank) its error gives way to the one naming the argument."""
-        prepared = self._prepare(args)
         try:
-            return fn(*prepared)
+            return fn(*self._prepare(args))  # (moving committed arguments may fail on them too)
         except Exception:
             err = None if self.planned is None else self.planned.mismatch(*jax.tree_util.tree_flatten(args))
             if err is None:
