@@ -147,7 +147,7 @@ def rules_problems(rules: Any) -> list[str]:
     """rules= is a sequence of shardsat.Rewrite and egglog rulesets."""
     accepted = "shardsat.Rewrite(name, lhs, rhs, example_args) or egglog rulesets (egglog.ruleset(...))"
     if isinstance(rules, Rewrite | Ruleset | UnstableCombinedRuleset):
-        return [f"rules must be a list, got a single {type(rules).__name__}. Consider rules=[{type(rules).__name__}...]."]
+        return [f"rules must be a list, got a single {type(rules).__name__}. Consider rules=[rule]."]
     if isinstance(rules, str | bytes) or not isinstance(rules, Sequence):
         return [f"rules must be a list of {accepted}, got {type(rules).__name__} {rules!r}."]
     out = []
