@@ -114,6 +114,8 @@ def test_options_checked_before_tracing():
     (dict(profile="a100"), ["Unknown device profile 'a100'", "'h100'", "'tpu_v5e'"]),
     (dict(rules=[42]), ["rules[0] is int 42", "shardsat.Rewrite", "egglog rulesets"]),
     (dict(rules="matmul"), ["rules must be a list"]),
+    (dict(rules=shardsat.Rewrite("id", jnp.sin, jnp.sin, example_args=(jax.ShapeDtypeStruct((2,), jnp.float32),))),
+     ["rules must be a list, got a single Rewrite", "rules=[rule]"]),
     (dict(in_shardings=P("data")), ["in_shardings must be a tuple", "(P('data',),)"]),
     (dict(in_shardings=(P("data"), P())), ["in_shardings has 2 entries", "1 positional"]),
 ])
