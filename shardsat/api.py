@@ -35,12 +35,13 @@ from .extract.search import (
 from .extract.seeds import seeds
 from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
+from .options import FALLBACKS as FALLBACKS  # re-exported: it was defined here
+from .options import check_options, memory_limit_problem
 from .pins import resolve_pins, resolve_ties
 from .progress import Progress
 from .rules.apply import Fallback, grow
 from .runtime.plan import Plan, Report
 
-FALLBACKS = ("replicate", "error")
 # Folding trades a little plan freedom (every repeat takes the same layouts, the loop's edges
 # take the body's) for planning time independent of depth: worth it for deep programs only. The
 # threshold is for a mesh of two axes (more than one device on each); each further axis about
@@ -109,9 +110,9 @@ def saturate_and_extract(
       axes, twice that on one, half on three).
     """
     with _collector_paused():
+        if not isinstance(strict, bool):
+            raise InvalidArgumentError(f"strict must be True or False, got {strict!r}.")
         mode = "error" if strict else fallback or "replicate"
-        if fallback not in (None, *FALLBACKS):
-            raise InvalidArgumentError(f"fallback must be one of {FALLBACKS}, got {fallback!r}.")
         return _plan(fn, mesh, example_args, profile, limits, mode, rules, in_shardings, out_shardings,
                      state_argnums, memory_limit, extraction, progress, fold_loops)
 
@@ -139,6 +140,9 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
             f"saturate_and_extract needs a jax.sharding.Mesh, got {type(mesh).__name__}. "
             "Consider jax.make_mesh((2, 4), ('data', 'model'))."
         )
+    check_options(fn, mesh, example_args, profile=profile, limits=limits, fallback=fallback, rules=rules,
+                  in_shardings=in_shardings, out_shardings=out_shardings, state_argnums=state_argnums,
+                  memory_limit=memory_limit, extraction=extraction, progress=progress, fold_loops=fold_loops)
     limits = limits or Limits()
     method = extraction
     platform = mesh.devices.flat[0].platform
@@ -298,7 +302,7 @@ def _roots(program: Program, graph: Any, spaces: SpaceTable, out_pins: dict[int,
         if isinstance(o, Literal):
             continue
         root_of[k] = len(roots)
-        roots.append((graph.value_group[o], None if k not in out_pins else frozenset({out_pins[k]})))
+        roots.append((graph.value_group[o], out_pins.get(k)))
     n_out_roots = len(roots)
     tie_list = [(graph.value_group[program.args[a]], root_of[k]) for a, k in tie_pairs if k in root_of]
     # scan carries: placed in one layout, which the body's carry-out and the initial carry meet
@@ -342,10 +346,10 @@ def _memory_limit(memory_limit: int | str | None, profile: DeviceProfile) -> int
         return None
     if memory_limit == "device":
         return None if profile.memory_bytes is None else int(profile.memory_bytes)
-    if isinstance(memory_limit, str) or not memory_limit > 0:
-        raise InvalidArgumentError(
-            f"memory_limit must be a positive number of bytes per device, 'device' or None, got {memory_limit!r}.")
-    return int(memory_limit)
+    bad = memory_limit_problem(memory_limit)
+    if bad:
+        raise InvalidArgumentError(bad)
+    return int(memory_limit)  # type: ignore[arg-type]
 
 
 def describe_group(program: Any, graph: Any, grp: int) -> str:

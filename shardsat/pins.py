@@ -1,6 +1,7 @@
 """User pins: in_shardings / out_shardings pytrees where None means "free" and a PartitionSpec
-(or NamedSharding) is a hard constraint. Conflicts are collected and reported together, in the
-style of shard_map's errors."""
+(or NamedSharding) is a hard constraint. A `P.UNCONSTRAINED` entry leaves that dimension free (a
+`P.UNCONSTRAINED` leaf, the whole value): a pin is the set of layouts it allows. Conflicts are
+collected and reported together, in the style of shard_map's errors."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .egraph.layout import SpaceTable, spec_to_layout
+from .egraph.layout import Layout, SpaceTable, spec_to_layout
 from .egraph.program import Literal, Program
 from .errors import InvalidArgumentError
 
+UNCONSTRAINED = PartitionSpec.UNCONSTRAINED
+
 
 def _is_leaf(x: Any) -> bool:
-    return x is None or isinstance(x, PartitionSpec | NamedSharding)
+    return x is None or x is UNCONSTRAINED or isinstance(x, PartitionSpec | NamedSharding)
 
 
 def _flat_pins(pins: Any, tree: Any, label: str) -> list[Any]:
@@ -28,11 +31,34 @@ def _flat_pins(pins: Any, tree: Any, label: str) -> list[Any]:
             pins, jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves), is_leaf=_is_leaf,
         )
     except ValueError as e:
+        what = "arguments" if label == "in_shardings" else "outputs"
         raise InvalidArgumentError(
-            f"{label} does not match the structure of the arguments: {e}. Consider a pytree prefix of "
-            "the arguments with PartitionSpec or None leaves."
+            f"{label} does not match the structure of the {what} ({tree}): {e}. Consider a pytree prefix of "
+            f"the {what} with PartitionSpec or None leaves."
         ) from e
-    return jax.tree_util.tree_leaves(full, is_leaf=lambda x: x is None or _is_leaf(x))
+    return [None if p is UNCONSTRAINED else p
+            for p in jax.tree_util.tree_leaves(full, is_leaf=lambda x: x is None or _is_leaf(x))]
+
+
+def pinned_layouts(spec: PartitionSpec, shape: tuple[int, ...], dtype: Any,
+                   spaces: SpaceTable) -> tuple[frozenset[int] | None, str | None]:
+    """The layout ids a spec allows (one, unless some entries are P.UNCONSTRAINED: those
+    dimensions take any split the other dimensions leave axes for), or (None, why not)."""
+    free = {d for d, e in enumerate(spec) if e is UNCONSTRAINED}
+    fixed = PartitionSpec(*[None if d in free else e for d, e in enumerate(spec)])
+    want, why = spec_to_layout(fixed, shape, spaces.mesh)
+    if want is None:
+        return None, why
+    if not free:
+        return frozenset({spaces.layouts.intern(want)}), None
+    used = {a for d, axes in enumerate(want.dims) if d not in free for a in axes}
+
+    def allowed(lay: Layout) -> bool:
+        return not lay.partial and all(lay.dims[d] == want.dims[d] for d in range(len(shape)) if d not in free) \
+            and not any(a in used for d in free for a in lay.dims[d])
+
+    lays = frozenset(lid for lid in spaces.space(shape, dtype).layouts if allowed(spaces.layouts[lid]))
+    return (lays, None) if lays else (None, "no layout of this value keeps the pinned dimensions")
 
 
 def resolve_pins(
@@ -41,13 +67,13 @@ def resolve_pins(
     in_shardings: Any,
     out_shardings: Any,
     fn_name: str,
-) -> tuple[dict[int, int], dict[int, int]]:
-    """(arg position -> layout id, output position -> layout id), or one error listing every
-    conflict."""
+) -> tuple[dict[int, frozenset[int]], dict[int, frozenset[int]]]:
+    """(arg position -> layout ids it may take, output position -> layout ids), or one error
+    listing every conflict. A full spec allows one layout."""
     axes = spaces.mesh
     problems: list[str] = []
-    arg_pins: dict[int, int] = {}
-    out_pins: dict[int, int] = {}
+    arg_pins: dict[int, frozenset[int]] = {}
+    out_pins: dict[int, frozenset[int]] = {}
     if in_shardings is not None:
         if not isinstance(in_shardings, tuple | list) or len(in_shardings) != len(program.arg_counts):
             raise InvalidArgumentError(
@@ -61,11 +87,11 @@ def resolve_pins(
             continue
         spec = pin.spec if isinstance(pin, NamedSharding) else pin
         v = program.values[program.args[pos]]
-        lay, why = spec_to_layout(spec, v.shape, axes)
-        if lay is None:
+        lays, why = pinned_layouts(spec, v.shape, v.dtype, spaces)
+        if lays is None:
             problems.append(f"  * {program.arg_paths[pos]}: shape {v.shape}, spec {spec}: {why}")
             continue
-        arg_pins[pos] = spaces.layouts.intern(lay)
+        arg_pins[pos] = lays
     flat_out = _flat_pins(out_shardings, program.out_tree, "out_shardings")
     for k, pin in enumerate(flat_out):
         if pin is None:
@@ -73,11 +99,12 @@ def resolve_pins(
         spec = pin.spec if isinstance(pin, NamedSharding) else pin
         o = program.outputs[k]
         shape = () if isinstance(o, Literal) else program.values[o].shape
-        lay, why = spec_to_layout(spec, shape, axes)
-        if lay is None:
+        dtype = o.dtype if isinstance(o, Literal) else program.values[o].dtype
+        lays, why = pinned_layouts(spec, shape, dtype, spaces)
+        if lays is None:
             problems.append(f"  * {program.out_paths[k]}: shape {shape}, spec {spec}: {why}")
             continue
-        out_pins[k] = spaces.layouts.intern(lay)
+        out_pins[k] = lays
     if problems:
         mesh = ", ".join(f"{n}={s}" for n, s in zip(axes.names, axes.sizes, strict=True))
         raise InvalidArgumentError(

@@ -10,8 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .checks import integer, real
 from .egraph.rewrite import Rewrite
-from .errors import ShardsatError
+from .errors import InvalidArgumentError, ShardsatError
 from .runtime.plan import Plan
 
 
@@ -19,12 +20,44 @@ class PlanMismatchError(ShardsatError, AssertionError):
     """A plan's sharded run differs from the unsharded program, or its HLO from its prediction."""
 
 
-def check_plan(plan: Plan, *args: Any, rtol: float = 1e-5, reference: Any = None) -> None:
+def default_rtol(dtype: Any) -> float:
+    """check_plan's tolerance for outputs of a floating dtype: 1e-5, or 8 ulps of the dtype where
+    that is more. A sharded plan sums in another order than one device does; in bfloat16 and
+    float16 that alone moves results by up to an ulp (measured on MLP, normalisation and gradient
+    plans), far above 1e-5."""
+    try:
+        eps = float(jnp.finfo(dtype).eps)
+    except ValueError:  # not a floating dtype
+        return 1e-5
+    return max(1e-5, 8 * eps)
+
+
+def _check_rtol(rtol: Any, allow_none: bool = False) -> None:
+    if (rtol is None and allow_none) or real(rtol) is not None:
+        return
+    raise InvalidArgumentError(f"rtol must be a finite positive number{' or None (per dtype)' if allow_none else ''}, "
+                               f"got {rtol!r}. Consider rtol=1e-5.")
+
+
+def _check_is_plan(plan: Any, fn: str) -> None:
+    if not isinstance(plan, Plan):
+        raise InvalidArgumentError(f"{fn} takes the Plan from shardsat.saturate_and_extract first, got "
+                                   f"{type(plan).__name__}. Consider {fn}(plan, *args).")
+
+
+def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any = None) -> None:
     """Run the plan and the unsharded function on `args`; compare every output leaf.
 
-    The error of a leaf is max|sharded - unsharded| / max|unsharded|. Raises PlanMismatchError
-    naming the output's pytree path and its error.
+    The error of a leaf is max|sharded - unsharded| / max|unsharded|, at most `rtol`: by default
+    per output dtype (`default_rtol`: 1e-5 for float32, 8 ulps for bfloat16 and float16). Raises
+    PlanMismatchError naming the output's pytree path and its error.
     """
+    _check_is_plan(plan, "check_plan")
+    _check_rtol(rtol, allow_none=True)
+    if reference is not None and not callable(reference):
+        raise InvalidArgumentError(f"check_plan's reference must be the function to compare with, got "
+                                   f"{type(reference).__name__} {reference!r}. Consider reference=fn, or none "
+                                   "(the planned function).")
     fn = reference if reference is not None else plan.fn
     got = plan.jit(donate_argnums=())(*args)
     want = jax.jit(fn)(*args)
@@ -52,8 +85,9 @@ def check_plan(plan: Plan, *args: Any, rtol: float = 1e-5, reference: Any = None
         finite = np.isfinite(w64)
         scale = float(np.max(np.abs(w64[finite]))) if finite.any() else 1.0
         err = float(np.max(np.abs(np.where(same, 0.0, g64 - w64)))) / (scale or 1.0)
-        if not err <= rtol:
-            bad.append(f"  * {path}: relative error {err:.3g} > {rtol:g}")
+        tol = default_rtol(w.dtype) if rtol is None else rtol
+        if not err <= tol:
+            bad.append(f"  * {path}: relative error {err:.3g} > {tol:g}")
     if bad:
         raise PlanMismatchError(f"Plan for `{plan.program.name}` differs from the unsharded function:\n" + "\n".join(bad))
 
@@ -71,6 +105,7 @@ def normalize_collectives(counts: Counter[str]) -> Counter[str]:
 
 def check_collectives(plan: Plan, *args: Any) -> None:
     """The compiled HLO holds the collectives `plan.cost` lists (count by kind)."""
+    _check_is_plan(plan, "check_collectives")
     want = normalize_collectives(plan.predicted_collectives())
     got = normalize_collectives(plan.hlo_collectives(*args))
     if dict(got) != dict(want):
@@ -166,6 +201,10 @@ def check_rule(
         from hypothesis import strategies as hs
     except ImportError as e:  # pragma: no cover
         raise ShardsatError("check_rule needs hypothesis: pip install hypothesis") from e
+    _check_rule_args(rule, meshes, sizes, max_examples, max_strategies, rtol)
+    if (params is not None and not isinstance(params, dict)) or (apply is not None and not callable(apply)):
+        raise InvalidArgumentError(f"check_rule: params must be a dict of the primitive's parameters and apply a "
+                                   f"function of the operands, got params={params!r}, apply={apply!r}.")
     if isinstance(rule, Rewrite):
         _check_rewrite(rule, sizes, max_examples, rtol, seed)
         return
@@ -190,16 +229,79 @@ def check_rule(
         for t in rule.operands:
             shape = tuple(int(np.prod([fsizes[f] for f in d])) if d else 1 for d in t)
             operands.append(rng.standard_normal(shape).astype(np.float32))
-        outs = jax.eval_shape(apply, *operands)
-        outs_l = list(outs) if isinstance(outs, list | tuple) else [outs]
-        sig = rule.signature([tuple(x.shape) for x in operands], [tuple(o.shape) for o in outs_l])
-        failures = check_strategies(sig, apply, operands, _mesh(mesh_shape), rng, name=rule.name,
-                                    rtol=rtol, max_strategies=max_strategies)
+        try:
+            outs = jax.eval_shape(apply, *operands)
+            outs_l = list(outs) if isinstance(outs, list | tuple) else [outs]
+            sig = rule.signature([tuple(x.shape) for x in operands], [tuple(o.shape) for o in outs_l])
+            failures = check_strategies(sig, apply, operands, _mesh(mesh_shape), rng, name=rule.name,
+                                        rtol=rtol, max_strategies=max_strategies)
+        except RuleCheckError:
+            raise
+        except Exception as e:  # the primitive or the rule fails on these shapes: a counterexample too
+            raise RuleCheckError(
+                f"Rule `{rule.name}` ({rule.spec!r}) fails for factor sizes {fsizes} on mesh {mesh_shape}: "
+                f"{type(e).__name__}: {_first_line(e)}") from e
         if failures:
             raise RuleCheckError(f"Rule `{rule.name}` ({rule.spec!r}) is wrong:\n  * " + "\n  * ".join(failures[:5])
                                  + ("\nConsider declaring the factor as a reduction or need-replication factor."))
 
-    run()
+    _run_property(run, f"Rule `{rule.name}`", [])
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
+    return out
+
+
+def _run_property(prop: Any, what: str, skipped: list[BaseException]) -> None:
+    """Run a hypothesis property so that what it finds comes back as one shardsat error: several
+    distinct failures arrive from hypothesis as an ExceptionGroup, and an example that never
+    applies as hypothesis's Unsatisfiable (`skipped` holds why examples were skipped)."""
+    from hypothesis.errors import Unsatisfiable
+
+    try:
+        prop()
+    except Unsatisfiable:
+        why = f" ({type(skipped[0]).__name__}: {_first_line(skipped[0])})" if skipped else ""
+        raise InvalidArgumentError(
+            f"{what} could not be checked: it applies to none of the operand shapes tried{why}. Consider "
+            "example_args whose shapes the lhs accepts, and a `sizes=` its dimensions may take.") from None
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        first = next((e for e in leaves if isinstance(e, RuleCheckError)), leaves[0])
+        others = "; ".join(f"{type(e).__name__}: {_first_line(e)}" for e in leaves if e is not first)
+        raise RuleCheckError(
+            (str(first) if isinstance(first, RuleCheckError) else f"{what} fails: {type(first).__name__}: {first}")
+            + f"\n(hypothesis found {len(leaves)} distinct failures; the others: {others})") from group
+
+
+def _check_rule_args(rule: Any, meshes: Any, sizes: Any, max_examples: Any, max_strategies: Any, rtol: Any) -> None:
+    """check_rule's arguments: a rule, and the sizes and counts hypothesis draws from."""
+    from .rules.user import SignatureRule
+
+    problems = []
+    if not isinstance(rule, SignatureRule | Rewrite):
+        problems.append(f"rule must be a SignatureRule (from shardsat.register_signature) or a shardsat.Rewrite, "
+                        f"got {type(rule).__name__} {rule!r}")
+    if not isinstance(sizes, tuple | list) or not sizes or any(integer(s) is None for s in sizes):
+        problems.append(f"sizes must be a non-empty tuple of positive integers, got {sizes!r}")
+    if not isinstance(meshes, tuple | list) or not meshes or any(
+            not isinstance(m, tuple) or not m or any(integer(n) is None for n in m) for m in meshes):
+        problems.append(f"meshes must be a tuple of mesh shapes such as ((2, 4), (8,)), got {meshes!r}")
+    for label, n in (("max_examples", max_examples), ("max_strategies", max_strategies)):
+        if integer(n) is None:
+            problems.append(f"{label} must be a positive integer, got {n!r}")
+    if real(rtol) is None:
+        problems.append(f"rtol must be a finite positive number, got {rtol!r}")
+    if problems:
+        raise InvalidArgumentError("check_rule: " + "; ".join(problems) + ". Consider check_rule(rule) with the defaults.")
 
 
 def check_equation_rules(fn: Any, *args: Any, mesh: Any, rtol: float = 1e-5, max_strategies: int | None = None,
@@ -311,9 +413,14 @@ def _check_rewrite(rw: Rewrite, sizes: tuple[int, ...], max_examples: int, rtol:
               for s, a in zip(shapes, examples, strict=True)]
         try:
             want = lhs(*xs)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError) as e:
+            skipped.append(e)
             assume(False)
-        got = rhs(*xs)
+        try:
+            got = rhs(*xs)
+        except Exception as e:
+            raise RuleCheckError(f"Rewrite `{rw.name}`: rhs fails for operand shapes {shapes}, where lhs works: "
+                                 f"{type(e).__name__}: {_first_line(e)}") from e
         g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
         if g.shape != w.shape:
             raise RuleCheckError(f"Rewrite `{rw.name}`: rhs gives shape {g.shape}, lhs {w.shape} for operand "
@@ -323,4 +430,5 @@ def _check_rewrite(rw: Rewrite, sizes: tuple[int, ...], max_examples: int, rtol:
             raise RuleCheckError(f"Rewrite `{rw.name}` is wrong for operand shapes {shapes}: rhs differs from lhs "
                                  f"(relative error {err:.3g} > rtol {rtol}).")
 
-    prop()
+    skipped: list[BaseException] = []
+    _run_property(prop, f"Rewrite `{rw.name}`", skipped)

@@ -65,6 +65,8 @@ def cli_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     errors = {  # through the real entry point; the other usage errors are checked in process
         "bad mesh": (["plan", f"{EXAMPLE}:mlp", "--mesh", "data:2,model"], "--mesh"),
         "no example_args": (["plan", f"{tmp / 'no_args.py'}:f", "--mesh", "data=2"], "example_args"),
+        # checked before XLA's flags are set: past int32 the flag parser aborted the process
+        "huge mesh": (["plan", f"{EXAMPLE}:mlp", "--mesh", "data=99999999999"], "simulates at most 4096"),
     }
     plan_args = ["plan", f"{EXAMPLE}:mlp", "--mesh", "data=2,model=4", "--profile", "h100",
                  "--json", str(tmp / "plan.json"), "--html", str(tmp / "plan.html"), "--plain"]
@@ -212,7 +214,7 @@ def test_html_renders_in_headless_chromium(cli_run: dict[str, Any]) -> None:
 
 
 # -- usage errors --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", ["bad mesh", "no example_args"])
+@pytest.mark.parametrize("case", ["bad mesh", "no example_args", "huge mesh"])
 def test_usage_errors_exit_2_in_one_line(cli_run: dict[str, Any], case: str) -> None:
     rc, out, err, expect = cli_run["errors"][case]
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -252,6 +254,7 @@ USAGE_ERRORS = {
     "bad state_argnums": (["plan", f"{EXAMPLE}:mlp", "--mesh", "data=2", "--state-argnums", "a"], "state-argnums"),
     "no target": (["plan", "--mesh", "data=2"], "FILE.py:FUNCTION"),
     "bad fallback": (["plan", f"{EXAMPLE}:mlp", "--mesh", "data=2", "--fallback", "x"], "--fallback"),
+    "function fails": (["plan", "{tmp}/bad_fn.py:f", "--mesh", "data=2"], "f(float32[8, 4]) in"),
 }
 
 
@@ -263,6 +266,8 @@ def test_usage_errors_in_process(case: str, tmp_path: Path, capsys: pytest.Captu
     (tmp_path / "raises.py").write_text("import missing_module_for_shardsat_test\n")
     (tmp_path / "syntax.py").write_text("def f(x:\n")
     (tmp_path / "bad_args.py").write_text("def f(x):\n    return x\n\ndef example_args():\n    return {'x': 1}\n")
+    (tmp_path / "bad_fn.py").write_text("import jax, jax.numpy as jnp\n\ndef f(x):\n    return x @ jnp.ones((3, 3))\n\n"
+                                        "def example_args():\n    return (jax.ShapeDtypeStruct((8, 4), jnp.float32),)\n")
     args, expect = USAGE_ERRORS[case]
     try:
         rc = main([a.format(tmp=tmp_path) for a in args])

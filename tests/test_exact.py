@@ -73,8 +73,8 @@ class BruteForce:
     """The minimum plan cost by enumeration (see the module docstring)."""
 
     def __init__(self, g: ExportedGraph, node_cost: np.ndarray, roots: Roots, partial: set[int],
-                 place_pins: dict[int, int] | None = None) -> None:
-        """place_pins: input group -> the only layout it may be placed in."""
+                 place_pins: dict[int, frozenset[int]] | None = None) -> None:
+        """place_pins: input group -> the layouts it may be placed in."""
         self.g = g
         self.cost = node_cost
         self.roots = list(roots)
@@ -104,7 +104,7 @@ class BruteForce:
                 u, v = self.local[k], self.local[c]
                 self.dist[grp][u, v] = min(self.dist[grp][u, v], float(node_cost[n]))
             elif kind in (NodeKind.PLACE, NodeKind.LOCAL):
-                if kind == NodeKind.PLACE and grp in (place_pins or {}) and int(g.node_b[n]) != place_pins[grp]:
+                if kind == NodeKind.PLACE and grp in (place_pins or {}) and int(g.node_b[n]) not in place_pins[grp]:
                     continue
                 if any(int(g.class_group[k]) == grp for k in kids):
                     continue  # would need the value to compute itself
@@ -650,8 +650,8 @@ def compare_extractors(fn: Any, mesh: jax.sharding.Mesh, args: tuple[Any, ...], 
     assert not p.ties
     assert bool(p.place_pins) == (kw.get("in_shardings") is not None)
     for plan in (greedy, exact):
-        for grp, lay in p.place_pins.items():
-            assert grp not in plan.extraction.choices or plan.extraction.choices[grp].layout == lay
+        for grp, lays in p.place_pins.items():
+            assert grp not in plan.extraction.choices or plan.extraction.choices[grp].layout in lays
     partial = partial_layouts(p)
     # the extractions are plans of the e-graph, priced as they say, and predicted as priced
     for plan, ex in ((greedy, greedy_ex), (exact, exact.extraction)):

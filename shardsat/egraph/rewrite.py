@@ -17,6 +17,7 @@ rounds, so a rewrite can apply to equations an earlier match introduced), not mo
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -38,6 +39,44 @@ class Rewrite:
     rhs: Callable[..., Any]
     example_args: tuple[Any, ...]
 
+    def __post_init__(self) -> None:
+        # checked here, where the mistake is made: a wrong arity surfaced as a TypeError from
+        # tracing inside saturate_and_extract, or as hypothesis finding no valid example
+        where = f"Rewrite `{self.name}`"
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidArgumentError(f"Rewrite name must be a non-empty string, got {self.name!r}.")
+        if isinstance(self.example_args, list):
+            object.__setattr__(self, "example_args", tuple(self.example_args))
+        if not isinstance(self.example_args, tuple):
+            raise InvalidArgumentError(
+                f"{where}: example_args must be a tuple with one array or jax.ShapeDtypeStruct per operand, got "
+                f"{type(self.example_args).__name__}. Consider example_args=(jax.ShapeDtypeStruct((2, 3), jnp.float32),).")
+        for side in ("lhs", "rhs"):
+            fn = getattr(self, side)
+            if not callable(fn):
+                raise InvalidArgumentError(f"{where}: {side} must be a function of the operands, got "
+                                           f"{type(fn).__name__} {fn!r}.")
+            why = _arity_mismatch(fn, len(self.example_args))
+            if why:
+                raise InvalidArgumentError(
+                    f"{where}: {side} {why}, but example_args has {len(self.example_args)} operand(s). Consider "
+                    "one example (array or jax.ShapeDtypeStruct) per operand, the same operands for lhs and rhs.")
+
+
+def _arity_mismatch(fn: Callable[..., Any], n: int) -> str | None:
+    """Why `fn` cannot take n positional operands, or None (also when its signature is unknown)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        sig.bind(*range(n))
+    except TypeError:
+        params = [p.name for p in sig.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+        return f"takes operands ({', '.join(params)})"
+    return None
+
 
 @dataclass
 class _Pattern:
@@ -46,18 +85,30 @@ class _Pattern:
 
 
 def _pattern(rw: Rewrite) -> _Pattern:
-    p = trace(rw.lhs, rw.example_args)
     where = f"Rewrite `{rw.name}`"
+    try:
+        p = trace(rw.lhs, rw.example_args)
+        rhs = jax.eval_shape(rw.rhs, *rw.example_args)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(
+            f"{where} does not trace on its example_args {_types(rw.example_args)}: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''} Consider example_args whose shapes lhs and rhs accept."
+        ) from e
     if len(p.outputs) != 1 or isinstance(p.outputs[0], Literal) or p.values[p.outputs[0]].producer is None:
         raise InvalidArgumentError(f"{where}: lhs must compute one array from its operands.")
     if p.consts or p.scans:
         raise InvalidArgumentError(f"{where}: lhs may not close over arrays or contain loops.")
-    rhs = jax.eval_shape(rw.rhs, *rw.example_args)
+    if not hasattr(rhs, "shape"):
+        raise InvalidArgumentError(f"{where}: rhs must compute one array, like lhs; it returns {rhs!r}.")
     lhs = p.values[p.outputs[0]]
     if (rhs.shape, rhs.dtype) != (lhs.shape, lhs.dtype):
         raise InvalidArgumentError(f"{where}: lhs gives {lhs.dtype}{list(lhs.shape)} but rhs gives "
                                    f"{rhs.dtype}{list(rhs.shape)}.")
     return _Pattern(p, p.values[p.outputs[0]].producer)  # type: ignore[arg-type]
+
+
+def _types(args: Sequence[Any]) -> str:
+    return "(" + ", ".join(f"{getattr(a, 'dtype', '?')}{list(getattr(a, 'shape', ()))}" for a in args) + ")"
 
 
 def _match(pat: _Pattern, prog: Program, root: Equation) -> tuple[list[Atom], dict[int, int]] | None:

@@ -44,7 +44,7 @@ def solve_exact(
     model: CostModel,
     combinable: frozenset[int],
     roots: list[tuple[int, frozenset[int] | None]],
-    place_pins: dict[int, int],
+    place_pins: dict[int, frozenset[int]],
     ties: list[tuple[int, int]],
     partial_layouts: set[int],
     time_limit: float,
@@ -88,7 +88,7 @@ def solve_exact(
                   or all(rank[int(g.class_group[k])] < rank[int(g.class_group[g.node_class[n]])] for k in kids[n]))]
     # pinned placements
     nodes = [n for n in nodes if not (kinds[n] == NodeKind.PLACE and int(g.class_group[g.node_class[n]]) in place_pins
-                                       and int(g.node_b[n]) != place_pins[int(g.class_group[g.node_class[n]])])]
+                                       and int(g.node_b[n]) not in place_pins[int(g.class_group[g.node_class[n]])])]
     nidx = {n: i for i, n in enumerate(nodes)}
     nx, ny = len(nodes), len(classes)
     # tie selectors: one binary per (tie, layout)

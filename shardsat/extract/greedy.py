@@ -294,14 +294,14 @@ class Extractor:
         roots: Sequence[tuple[int, frozenset[int] | None]],
         deadline: float,
         max_sweeps: int = 500,
-        place_pins: dict[int, int] | None = None,
+        place_pins: dict[int, frozenset[int]] | None = None,
         ties: Sequence[tuple[int, int]] = (),
         seed: dict[int, int] | None = None,
         explain: bool = True,
         chains: bool = True,
     ) -> Extraction:
         """roots: (group, allowed layouts or None for any non-partial) per output.
-        place_pins: group -> the layout an input must be placed in.
+        place_pins: group -> the layouts an input may be placed in.
         ties: (input group, root index): loop-carried state, placed in the layout it is returned in.
         seed: input group -> the layout the first plan places it in (released for the
           improvement phase): the search is local, so callers try a few global starting points
@@ -313,10 +313,10 @@ class Extractor:
         # pins and ties below narrow a copy: production lists are rebound, never mutated, so
         # copying the outer list is enough
         self.prod = list(self._prod_full)
-        for grp, lay in (place_pins or {}).items():
+        for grp, lays in (place_pins or {}).items():
             self.prod[grp] = [
                 n for n in self.prod[grp]
-                if NodeKind(int(g.node_kind[n])) != NodeKind.PLACE or int(g.node_b[n]) == lay
+                if NodeKind(int(g.node_kind[n])) != NodeKind.PLACE or int(g.node_b[n]) in lays
             ]
         # place nodes of tied inputs, by layout: every layout its pins allow, the seed's included
         # (a seed picks the first plan's layout; the search may move it)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
+from ..checks import integer_problem, real_problem
 from ..errors import InvalidArgumentError
 
 Rate = float | Mapping[str, float]
@@ -33,20 +35,24 @@ class DeviceProfile:
     memory_bytes: float | None = None
 
     def __post_init__(self) -> None:
-        for label, v in (("flops_per_s", self.flops_per_s), ("hbm_bytes_per_s", self.hbm_bytes_per_s)):
-            if not v > 0:
-                raise InvalidArgumentError(f"DeviceProfile.{label} must be positive, got {v}.")
-        for label, r in (("link_bytes_per_s", self.link_bytes_per_s), ("latency_s", self.latency_s)):
-            vals = r.values() if isinstance(r, Mapping) else [r]
-            if any(not (v >= 0) for v in vals):
-                raise InvalidArgumentError(f"DeviceProfile.{label} must be non-negative, got {r}.")
-        if self.memory_bytes is not None and not self.memory_bytes > 0:
-            raise InvalidArgumentError(f"DeviceProfile.memory_bytes must be positive or None, got {self.memory_bytes}.")
-        if isinstance(self.link_bytes_per_s, Mapping):
-            if any(not v > 0 for v in self.link_bytes_per_s.values()):
-                raise InvalidArgumentError("DeviceProfile.link_bytes_per_s must be positive.")
-        elif not self.link_bytes_per_s > 0:
-            raise InvalidArgumentError("DeviceProfile.link_bytes_per_s must be positive.")
+        # every field is checked and the problems reported together; NaN and inf pass `v > 0`
+        # style checks one way or the other, and a wrong type failed with a bare TypeError
+        problems = [p for p in (
+            real_problem("flops_per_s", self.flops_per_s),
+            real_problem("hbm_bytes_per_s", self.hbm_bytes_per_s),
+            _rate_problem("link_bytes_per_s", self.link_bytes_per_s, positive=True),
+            _rate_problem("latency_s", self.latency_s, positive=False),
+            None if isinstance(self.name, str) else f"name must be a string, got {self.name!r}",
+            real_problem("combine_threshold_bytes", self.combine_threshold_bytes),
+            integer_problem("combine_max", self.combine_max),
+            None if self.memory_bytes is None else real_problem("memory_bytes", self.memory_bytes),
+        ) if p]
+        if problems:
+            raise InvalidArgumentError(
+                "DeviceProfile: " + "; ".join(problems) + ". Consider measured numbers, e.g. "
+                "shardsat.DeviceProfile(flops_per_s=989e12, hbm_bytes_per_s=3.35e12, link_bytes_per_s=450e9, "
+                "latency_s=5e-6), or a preset from shardsat.PRESETS."
+            )
 
     def link(self, axis: str) -> float:
         return _per_axis(self.link_bytes_per_s, axis, "link_bytes_per_s")
@@ -61,6 +67,21 @@ class DeviceProfile:
             base["*"] = self.link_bytes_per_s
         base.update(links)
         return replace(self, link_bytes_per_s=base)
+
+
+def _rate_problem(label: str, rate: Any, *, positive: bool) -> str | None:
+    """Why a rate (one number, or a dict of numbers per mesh axis name and '*') is not valid."""
+    if not isinstance(rate, Mapping):
+        return real_problem(label, rate, positive=positive)
+    if not rate:
+        return f"{label} is an empty dict; it needs an entry per mesh axis name or a default under '*'"
+    for k, v in rate.items():
+        if not isinstance(k, str):
+            return f"{label} has key {k!r}; keys must be mesh axis names or '*'"
+        bad = real_problem(f"{label}[{k!r}]", v, positive=positive)
+        if bad:
+            return bad
+    return None
 
 
 def _per_axis(rate: Rate, axis: str, label: str) -> float:
@@ -94,7 +115,13 @@ def get_profile(profile: DeviceProfile | str | None, platform: str = "gpu") -> D
         return PRESETS[{"cpu": "cpu", "tpu": "tpu_v5e"}.get(platform, "h100")]
     if isinstance(profile, DeviceProfile):
         return profile
-    key = str(profile).lower().replace("-", "_")
+    if not isinstance(profile, str):
+        raise InvalidArgumentError(
+            f"profile must be a preset name, a shardsat.DeviceProfile or None, got {type(profile).__name__} "
+            f"{profile!r}. Consider one of {sorted(PRESETS)} or a "
+            "shardsat.DeviceProfile(flops_per_s=..., hbm_bytes_per_s=..., link_bytes_per_s=..., latency_s=...)."
+        )
+    key = profile.lower().replace("-", "_")
     if key in PRESETS:
         return PRESETS[key]
     raise InvalidArgumentError(

@@ -54,7 +54,7 @@ class Problem:
     combinable: frozenset[int]
     describe: Callable[[int], str]
     roots: list[tuple[int, frozenset[int] | None]]
-    place_pins: dict[int, int]
+    place_pins: dict[int, frozenset[int]]
     ties: list[tuple[int, int]]
     seeds: list[dict[int, int]]
     weight: np.ndarray  # per value group: executions per step (scan bodies: iterations)
@@ -131,7 +131,9 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
         spent += more
     best.explainer = ex.explain
     ex.forget_search()
-    if method == "exact" or (method == "auto" and p.graph.size <= EXACT_AUTO_NODES):
+    # no roots (a function returning no arrays): the empty plan is exact, and HiGHS takes no
+    # problem of zero variables
+    if p.roots and (method == "exact" or (method == "auto" and p.graph.size <= EXACT_AUTO_NODES)):
         if p.graph.unbuilt_nodes:
             raise ValueError("the exact extractor needs the resharding e-nodes: export(reshard=True)")
         left = deadline - time.perf_counter()

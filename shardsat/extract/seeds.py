@@ -31,7 +31,7 @@ def _split(shape: tuple[int, ...], dim: int, spaces: SpaceTable, only: tuple[int
 
 
 def seeds(program: Program, graph: ExportedGraph, spaces: SpaceTable, ties: list[tuple[int, int]],
-          pins: dict[int, int], hybrids: bool = True) -> list[dict[int, int]]:
+          pins: dict[int, frozenset[int]], hybrids: bool = True) -> list[dict[int, int]]:
     """Seeds as {input group: layout id}. `hybrids`: whether to try the FSDP + TP starts. They
     reach their plans mostly through chain moves, so the caller tries them where every start gets
     chain moves (extract/search.py, SEED_CHAIN_NODES) and on meshes of three axes, where the
@@ -94,7 +94,7 @@ def seeds(program: Program, graph: ExportedGraph, spaces: SpaceTable, ties: list
 
 
 def _forward_seeds(program: Program, graph: ExportedGraph, spaces: SpaceTable,
-                   pins: dict[int, int]) -> list[dict[int, int]]:
+                   pins: dict[int, frozenset[int]]) -> list[dict[int, int]]:
     """A program without state (inference, a forward pass): data parallel. The batch is the
     positional arguments every leaf of which has a leading dimension an output keeps; the others
     (a params pytree, where some leaf differs) stay replicated. The estimate's start settles in

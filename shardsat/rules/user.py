@@ -16,7 +16,7 @@ from typing import Any
 
 from jax.experimental.custom_partitioning import custom_partitioning
 
-from ..errors import InvalidSignatureError
+from ..errors import InvalidArgumentError, InvalidSignatureError
 from . import custom
 from .primitives import EqnTypes
 from .registry import SIGNATURES, UNSUPPORTED
@@ -87,8 +87,15 @@ def register_signature(
     `primitive` may be a `custom_partitioning` function (after `def_partition`): the rule then
     applies to its calls only, in place of its own sharding_rule, and its reduction factors and
     linear groups are kept whole there (its partition callback returns complete results).
-    Raises InvalidSignatureError naming the rule if the spec is malformed.
+    Raises InvalidSignatureError naming the rule if the spec is malformed, InvalidArgumentError
+    if an argument has the wrong type (a string of factor names, a negative flops_per_element).
     """
+    from ..options import signature_problems
+
+    problems = signature_problems(primitive, spec, reduction_factors, need_replication_factors, linear,
+                                  flops_per_element)
+    if problems:
+        raise InvalidArgumentError("register_signature: " + " ".join(problems))
     cp = isinstance(primitive, custom_partitioning)
     name = _cp_name(primitive) if cp else getattr(primitive, "name", None) or str(primitive)
     where = f"rule `{name}` ({spec!r})"

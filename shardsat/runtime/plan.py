@@ -13,7 +13,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import Layout, MeshAxes, SpaceTable, auto_mesh
 from ..egraph.program import Literal, Program
-from ..errors import ShardsatError
+from ..errors import InvalidArgumentError, ShardsatError
 from ..extract.cost import CostModel
 from ..extract.memory import MemoryEstimate, estimate_memory
 from ..extract.profile import DeviceProfile
@@ -22,6 +22,7 @@ from ..extract.structure import heavy_roles
 from ..limits import StopReason
 from ..rules.apply import RuleTables
 from ..rules.primitives import ELEMENTWISE
+from .argcheck import PlannedArgs, planned_args
 from .hlo import count_collectives
 from .lower import EqnRun, Interpreter, Step
 
@@ -154,14 +155,17 @@ class PlannedFunction:
     plan's layout first."""
 
     def __init__(self, jitted: Any, in_shardings: tuple[Any, ...], donate_argnums: tuple[int, ...] = (),
-                 mesh: Mesh | None = None) -> None:
+                 mesh: Mesh | None = None, planned: PlannedArgs | None = None) -> None:
         self.jitted = jitted
         self.in_shardings = in_shardings
         self.donate_argnums = donate_argnums
         self.mesh = mesh  # the runtime's (Auto) mesh the plan lowers on
+        self.planned = planned  # the arguments the plan was made for: others are refused
 
     def _prepare(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         leaves, tree = jax.tree_util.tree_flatten(args)
+        if self.planned is not None and tree != self.planned.tree:
+            self.planned.check(leaves, tree)
         shardings = jax.tree_util.tree_leaves(self.in_shardings)
         if len(shardings) != len(leaves):
             return args
@@ -170,15 +174,28 @@ class PlannedFunction:
         moved = [jax.device_put(x, s) if _needs_move(x, s) else x for x, s in zip(leaves, shardings, strict=True)]
         return jax.tree_util.tree_unflatten(tree, moved)
 
+    def _run(self, fn: Any, args: tuple[Any, ...]) -> Any:
+        """fn (the jitted function or its lower) on the prepared arguments. Shapes and dtypes are
+        checked where it costs nothing per call: jit traces `planned` (which checks them) again
+        for every new signature, and where jit rejects the arguments before tracing (a sharding
+        that does not divide, another rank) its error gives way to the one naming the argument."""
+        try:
+            return fn(*self._prepare(args))  # (moving committed arguments may fail on them too)
+        except Exception:
+            err = None if self.planned is None else self.planned.mismatch(*jax.tree_util.tree_flatten(args))
+            if err is None:
+                raise
+        raise err
+
     def __call__(self, *args: Any) -> Any:
         context = jax.sharding.get_abstract_mesh()
         if self.mesh is None or context.empty:
-            return self.jitted(*self._prepare(args))
+            return self._run(self.jitted, args)
         # Inside `jax.set_mesh(mesh)` (the way Explicit axes are used) the plan's constraints on
         # its Auto copy of the mesh would be type errors: it runs under its own mesh, and its
         # outputs are handed back on the caller's, where they are usable
         with jax.set_mesh(self.mesh):
-            out = self.jitted(*self._prepare(args))
+            out = self._run(self.jitted, args)
         explicit = [n for n, t in zip(context.axis_names, context.axis_types, strict=True) if t == AxisType.Explicit]
         if not explicit:
             return out
@@ -189,12 +206,23 @@ class PlannedFunction:
 
     def lower(self, *args: Any) -> Any:
         if self.mesh is None or jax.sharding.get_abstract_mesh().empty:
-            return self.jitted.lower(*self._prepare(args))
+            return self._run(self.jitted.lower, args)
         with jax.set_mesh(self.mesh):
-            return self.jitted.lower(*self._prepare(args))
+            return self._run(self.jitted.lower, args)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.jitted, name)
+
+
+def _argnums(nums: Any, n_args: int, name: str) -> tuple[int, ...]:
+    """donate_argnums as jax.jit takes it (a position or a sequence of them), checked."""
+    seq = (nums,) if isinstance(nums, int) and not isinstance(nums, bool) else nums
+    if isinstance(seq, tuple | list) and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n_args
+                                             for i in seq):
+        return tuple(seq)
+    raise InvalidArgumentError(
+        f"plan.jit(donate_argnums={nums!r}) for `{name}`: donate_argnums must be positions of its {n_args} "
+        f"positional argument(s), 0..{n_args - 1}. Consider donate_argnums=() to donate nothing, or (0,).")
 
 
 class Plan:
@@ -213,7 +241,7 @@ class Plan:
         profile: DeviceProfile,
         report: Report,
         model: CostModel | None = None,
-        arg_pins: dict[int, int] | None = None,
+        arg_pins: dict[int, frozenset[int]] | None = None,
         ties: list[tuple[int, int]] | None = None,
         state_argnums: list[int] | None = None,
         memory: MemoryEstimate | None = None,
@@ -332,10 +360,18 @@ class Plan:
         spec = PartitionSpec() if lid is None else self._layouts[lid].spec(self.axes)
         return NamedSharding(self.runtime_mesh, spec)
 
+    def _pinned(self, pos: int) -> int | None:
+        """The layout an argument the plan never reads is passed in: its pin's (of a partial pin,
+        the one that splits least)."""
+        lays = self.arg_pins.get(pos)
+        if not lays:
+            return None
+        return min(lays, key=lambda lid: (len(self._layouts[lid].used_axes()), lid))
+
     @property
     def in_shardings(self) -> tuple[Any, ...]:
         """One pytree of NamedSharding per positional argument."""
-        leaves = [self._sharding(self.produced.get(vid, self.arg_pins.get(pos)))
+        leaves = [self._sharding(self.produced.get(vid, self._pinned(pos)))
                   for pos, vid in enumerate(self.program.args)]
         return tuple(jax.tree_util.tree_unflatten(self.program.in_tree, leaves))
 
@@ -352,6 +388,7 @@ class Plan:
         (`state_argnums`) is donated unless `donate_argnums` says otherwise."""
         if donate_argnums is None:
             donate_argnums = self.state_argnums
+        donate_argnums = _argnums(donate_argnums, len(self.program.arg_counts), self.program.name)
         if self._jitted is not None and self._jitted.donate_argnums == tuple(donate_argnums):
             return self._jitted
         interp = Interpreter(
@@ -359,14 +396,12 @@ class Plan:
             self.extraction.root_layouts, self.canon, self.extraction.carry_layouts,
         )
         prog = self.program
+        expected = planned_args(prog)
 
         def planned(*args: Any) -> Any:
             leaves, tree = jax.tree_util.tree_flatten(args)
-            if tree != prog.in_tree:
-                raise ShardsatError(
-                    f"plan.jit() of `{prog.name}` got arguments with structure {tree}, but the plan was "
-                    f"made for {prog.in_tree}. Consider planning again for these arguments."
-                )
+            expected.check(leaves, tree)
+            expected.check_weak(self.fn, leaves)  # once per weak-type signature: jit traces again for one
             outs = interp(*leaves)
             return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
@@ -377,6 +412,7 @@ class Plan:
             self.in_shardings,
             tuple(donate_argnums),
             self.runtime_mesh,
+            expected,
         )
         self._jitted = f
         return f
