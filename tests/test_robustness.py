@@ -137,3 +137,16 @@ def test_planned_under_a_mesh_of_explicit_axes():
         want = jax.jit(f)(x, ids)
     for g, w in zip(got, want, strict=True):
         assert jnp.allclose(g, w)
+
+
+def test_python_scalar_arguments_stay_weakly_typed(mesh):
+    """A Python float is weakly typed under jax.jit: bf16 * 0.5 stays bf16. Planned as a strong
+    float32 it promoted the program to float32, and plan.jit() refused the same call."""
+    def f(x, s):
+        return x * s + 1
+
+    x = jnp.linspace(-1, 1, 8 * 16, dtype=jnp.bfloat16).reshape(8, 16)
+    plan = strict_plan(f, mesh, x, 0.5)
+    got = plan.jit()(x, 0.5)
+    assert got.dtype == jnp.bfloat16
+    assert jnp.array_equal(got, jax.jit(f)(x, 0.5))

@@ -65,6 +65,7 @@ class ValueInfo:
     const: int | None = None  # index into Program.consts, for closed-over constants
     region: int | None = None  # the scan whose body defines this value (None: top level)
     carry: tuple[int, int] | None = None  # (scan, k) for the body's k-th carry input
+    weak_type: bool = False  # an argument traced from a Python scalar (weakly typed, as under jax.jit)
 
     @property
     def nbytes(self) -> int:
@@ -284,9 +285,12 @@ def is_extended(dtype: Any) -> bool:
 
 def _abstract(x: Any) -> jax.ShapeDtypeStruct:
     if isinstance(x, jax.ShapeDtypeStruct):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=bool(getattr(x, "weak_type", False)))
     if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
+        return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, weak_type=bool(getattr(x, "weak_type", False)))
+    if isinstance(x, int | float | complex) and not isinstance(x, bool):
+        # a Python scalar is weakly typed under jax.jit: `x * 0.5` keeps x's dtype (bf16 stays bf16)
+        return jax.ShapeDtypeStruct((), jax.numpy.asarray(x).dtype, weak_type=True)
     try:
         arr = jax.numpy.asarray(x)
     except TypeError as e:
@@ -356,6 +360,8 @@ class _Builder:
 
     def new_value(self, aval: Any, **kw: Any) -> int:
         vid = len(self.values)
+        if kw.get("arg") is not None:
+            kw["weak_type"] = bool(getattr(aval, "weak_type", False))
         self.values.append(ValueInfo(vid, tuple(map(int, aval.shape)), aval.dtype, **kw))
         return vid
 

@@ -61,6 +61,7 @@ class PlannedArgs:
     paths: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[Any, ...]
+    weak: tuple[bool, ...] = ()  # planned weakly typed (from a Python scalar example)
 
     def _refuse(self, lines: list[str], why: str, fix: str = "") -> InvalidArgumentError:
         return InvalidArgumentError(
@@ -96,10 +97,11 @@ class PlannedArgs:
         return None
 
     def check_weak(self, fn: Any, leaves: list[Any]) -> None:
-        """At trace time: weakly typed leaves (Python scalars) where the plan has strong types are
+        """At trace time: leaves weakly typed where the plan's are strong (or the other way) are
         accepted only if jax.jit traces `fn` to the same program with them (promotion may differ)."""
         given = weak_flags([jax.typeof(x) for x in leaves])
-        if not any(given):
+        planned = self.weak or (False,) * len(given)
+        if given == planned:
             return
 
         def program(flags: tuple[bool, ...]) -> tuple[Any, ...]:
@@ -107,10 +109,12 @@ class PlannedArgs:
                        for s, d, f in zip(self.shapes, self.dtypes, flags, strict=True)]
             return program_key(jax.make_jaxpr(fn)(*jax.tree_util.tree_unflatten(self.tree, structs)).jaxpr)
 
-        if program(given) == program((False,) * len(given)):
+        if program(given) == program(planned):
             return
-        lines = [f"{self.paths[k]}: weakly typed {_fmt(self.shapes[k], self.dtypes[k])} (a Python scalar), planned "
-                 "strongly typed (shardsat plans every example argument as an array)" for k, g in enumerate(given) if g]
+        kind = {True: "weakly typed", False: "strongly typed"}
+        lines = [f"{self.paths[k]}: {kind[g]} {_fmt(self.shapes[k], self.dtypes[k])}, planned {kind[p]} (a Python "
+                 "scalar is weakly typed, an array strongly)" for k, (g, p) in enumerate(zip(given, planned, strict=True))
+                 if g != p]
         raise self._refuse(lines, "With these weak types jax.jit traces a different program (type promotion "
                                   "differs), so the plan's program would not compute what fn does.",
                            "passing the arguments as arrays (jnp.asarray(x, dtype)) as planned, or ")
@@ -153,9 +157,9 @@ def program_key(jaxpr: Any) -> tuple[Any, ...]:
 
 
 def planned_args(program: Any) -> PlannedArgs:
-    """The PlannedArgs of a traced program. Its arguments are strongly typed: tracing turns every
-    example argument, a Python scalar too, into a ShapeDtypeStruct (egraph/program.py)."""
+    """The PlannedArgs of a traced program (a Python scalar example is traced weakly typed)."""
     values = [program.values[v] for v in program.args]
     return PlannedArgs(program.name, program.in_tree, tuple(program.arg_paths),
-                       tuple(tuple(v.shape) for v in values), tuple(v.dtype for v in values))
+                       tuple(tuple(v.shape) for v in values), tuple(v.dtype for v in values),
+                       tuple(v.weak_type for v in values))
 
