@@ -146,34 +146,59 @@ def resolve_ties(program: Program, state_argnums: Any, fn_name: str) -> list[tup
         v = program.values[o]
         return v.shape, str(v.dtype)
 
-    ties: list[tuple[int, int]] = []
-    problems = []
-    used: set[int] = set()
     out_subtrees = _subtrees(program.out_tree)
+    candidates: dict[int, list[int]] = {}  # argument -> offsets of output subtrees that match it
     for i in nums:
         if not isinstance(i, int) or not 0 <= i < len(arg_trees):
             raise InvalidArgumentError(
                 f"state_argnums for `{fn_name}` names argument {i!r}; it takes {len(arg_trees)} positional arguments."
             )
         target = arg_trees[i]
-        found = None
-        for td, off in out_subtrees:
-            if td.num_leaves != target.num_leaves or td != target or any(off + k in used for k in range(td.num_leaves)):
-                continue
-            if all(sig_out(off + k) == sig_arg(starts[i] + k) for k in range(td.num_leaves)):
-                found = off
-                break
-        if found is None:
+        candidates[i] = [off for td, off in out_subtrees if td.num_leaves == target.num_leaves and td == target
+                         and all(sig_out(off + k) == sig_arg(starts[i] + k) for k in range(td.num_leaves))]
+    found = _disjoint(candidates, {i: arg_trees[i].num_leaves for i in candidates})
+    ties: list[tuple[int, int]] = []
+    problems = []
+    for i in candidates:
+        if i not in found:
             if not auto:
-                problems.append(f"  * argument {i}: no output subtree has its structure {target} with the same "
-                                "shapes and dtypes")
+                why = "no output subtree has" if not candidates[i] else "every output subtree with"
+                problems.append(f"  * argument {i}: {why} its structure {arg_trees[i]} with the same shapes and "
+                                "dtypes" + ("" if not candidates[i] else " is taken by another argument"))
             continue
-        for k in range(target.num_leaves):
-            ties.append((starts[i] + k, found + k))
-            used.add(found + k)
+        ties.extend((starts[i] + k, found[i] + k) for k in range(arg_trees[i].num_leaves))
     if problems:
         raise InvalidArgumentError(
             f"state_argnums for `{fn_name}` cannot be tied to its outputs:\n" + "\n".join(problems)
             + "\nConsider returning the new state with the same pytree structure as the argument."
         )
     return ties
+
+
+def _disjoint(candidates: dict[int, list[int]], sizes: dict[int, int]) -> dict[int, int]:
+    """One output subtree per argument, no two overlapping, for as many arguments as possible
+    (the biggest first). Taking the first match per argument tied a params tree to Adam's first
+    moment, which has its structure, and left the optimizer state nothing to tie to."""
+    order = sorted(candidates, key=lambda i: (-sizes[i], i))
+    best: dict[int, int] = {}
+
+    def search(k: int, used: set[int], chosen: dict[int, int]) -> bool:
+        nonlocal best
+        if len(chosen) + (len(order) - k) <= len(best):
+            return False  # cannot beat what is found
+        if k == len(order):
+            best = dict(chosen)
+            return len(best) == len(order)
+        i = order[k]
+        for off in candidates[i]:
+            span = set(range(off, off + sizes[i]))
+            if span & used:
+                continue
+            chosen[i] = off
+            if search(k + 1, used | span, chosen):
+                return True
+            del chosen[i]
+        return search(k + 1, used, chosen)
+
+    search(0, set(), {})
+    return best

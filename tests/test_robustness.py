@@ -150,3 +150,26 @@ def test_python_scalar_arguments_stay_weakly_typed(mesh):
     got = plan.jit()(x, 0.5)
     assert got.dtype == jnp.bfloat16
     assert jnp.array_equal(got, jax.jit(f)(x, 0.5))
+
+
+def test_state_ties_when_a_params_tree_looks_like_adams_moments(mesh):
+    """The step returns {"opt_state": ..., "params": ...}: Adam's first moment has the params
+    tree's structure and types and comes first, so tying the params to the first match left the
+    optimizer state with nothing to tie to (InvalidArgumentError)."""
+    import optax
+
+    tx = optax.adam(1e-2)
+
+    def step(p, s, x):
+        g = jax.grad(lambda p: jnp.mean(jnp.tanh(x @ p["w"]) ** 2))(p)
+        u, s = tx.update(g, s, p)
+        return {"opt_state": s, "params": optax.apply_updates(p, u), "loss": jnp.float32(0)}
+
+    p = {"w": jnp.linspace(-1, 1, 16 * 32).reshape(16, 32)}
+    s, x = tx.init(p), jnp.ones((8, 16))
+    plan = strict_plan(step, mesh, p, s, x, state_argnums=(0, 1))
+    n = len(jax.tree_util.tree_leaves(p)) + len(jax.tree_util.tree_leaves(s))
+    assert len(plan.ties) == n
+    out_paths = [plan.program.out_paths[k] for _, k in plan.ties]
+    assert any("params" in q for q in out_paths) and any("opt_state" in q for q in out_paths)
+    assert_equivalent(plan, step, p, s, x)
