@@ -47,6 +47,9 @@ SIGNATURES.update(
         "clamp": p.clamp,
         "bitcast_convert_type": p.bitcast_convert_type,
         "reshard": p.elementwise,  # a user's layout pin (rules/apply.py keeps its layout)
+        # uninitialised buffers (scan's transpose makes them): any layout, nothing to compute
+        "empty": p.elementwise,
+        "empty2": p.elementwise,
         # lax.scan plumbing: the body is planned once, between these pseudo-equations
         "scan_slice": p.scan_slice,
         "scan_stack": p.scan_stack,
