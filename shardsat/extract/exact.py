@@ -56,7 +56,9 @@ def solve_exact(
     proves there are none ("no cheaper plan": the incumbent is optimal)."""
     t0 = time.perf_counter()
     C, N = g.num_classes, g.num_nodes
-    kinds = g.node_kind
+    kinds = g.node_kind.tolist()  # Python ints: comparing numpy scalars with an IntEnum is slow
+    place = int(NodeKind.PLACE)
+    reshard_kinds = {int(k) for k in NodeKind if k.is_reshard}
     # classes reachable from the roots (others cannot matter)
     kids = [g.children(n) for n in range(N)]
     nodes_of: list[list[int]] = [[] for _ in range(C)]
@@ -84,22 +86,29 @@ def solve_exact(
     rank = _group_rank(g, nodes_of, kids)
     nodes = [n for c in classes for n in nodes_of[int(c)]
              if all(int(k) in cidx for k in kids[n])
-             and (NodeKind(int(g.node_kind[n])).is_reshard
+             and (kinds[n] in reshard_kinds
                   or all(rank[int(g.class_group[k])] < rank[int(g.class_group[g.node_class[n]])] for k in kids[n]))]
     # pinned placements
-    nodes = [n for n in nodes if not (kinds[n] == NodeKind.PLACE and int(g.class_group[g.node_class[n]]) in place_pins
+    nodes = [n for n in nodes if not (kinds[n] == place and int(g.class_group[g.node_class[n]]) in place_pins
                                        and int(g.node_b[n]) not in place_pins[int(g.class_group[g.node_class[n]])])]
     nidx = {n: i for i, n in enumerate(nodes)}
     nx, ny = len(nodes), len(classes)
     # tie selectors: one binary per (tie, layout)
     tie_vars: list[tuple[int, int, int]] = []  # (tie index, layout, column)
     col = nx + ny
+    # placements by value group and layout (ties read them; scanning every node per tie was
+    # quadratic: 12 minutes of model building on a 194k-node e-graph)
+    places: dict[int, dict[int, list[int]]] = {}
+    for n, j in nidx.items():
+        if kinds[n] == place:
+            places.setdefault(int(g.class_group[g.node_class[n]]), {}).setdefault(int(g.node_b[n]), []).append(j)
     for t, (h, _) in enumerate(ties):
-        layouts = sorted({int(g.node_b[n]) for n in nodes if kinds[n] == NodeKind.PLACE
-                          and int(g.class_group[g.node_class[n]]) == h})
-        for lay in layouts:
+        for lay in sorted(places.get(h, {})):
             tie_vars.append((t, lay, col))
             col += 1
+    tie_cols: dict[int, list[tuple[int, int]]] = {}
+    for t, lay, c_ in tie_vars:
+        tie_cols.setdefault(t, []).append((lay, c_))
     # order potentials for acyclicity, one per class
     t_off = col
     nvar = col + ny
@@ -124,7 +133,7 @@ def solve_exact(
     # one production (placement or local op) per value group
     prods: dict[int, list[int]] = {}
     for n, j in nidx.items():
-        if not NodeKind(int(kinds[n])).is_reshard:
+        if kinds[n] not in reshard_kinds:
             prods.setdefault(int(g.class_group[g.node_class[n]]), []).append(j)
     for js in prods.values():
         if len(js) > 1:
@@ -138,7 +147,7 @@ def solve_exact(
             continue
         row([(nx + i, 1.0) for i in ok], 1.0, np.inf)
     for t, (h, ri) in enumerate(ties):
-        mine = [(lay, c_) for tt, lay, c_ in tie_vars if tt == t]
+        mine = tie_cols.get(t, [])
         row([(c_, 1.0) for _, c_ in mine], 1.0, 1.0)
         o = roots[ri][0]
         for lay, c_ in mine:
@@ -147,9 +156,8 @@ def solve_exact(
                 row([(nx + oc[0], 1.0), (c_, -1.0)], 0.0, np.inf)
             else:
                 row([(c_, 1.0)], 0.0, 0.0)
-            for n, j in nidx.items():
-                if kinds[n] == NodeKind.PLACE and int(g.class_group[g.node_class[n]]) == h and int(g.node_b[n]) == lay:
-                    row([(j, 1.0), (c_, -1.0)], -np.inf, 0.0)
+            for j in places.get(h, {}).get(lay, []):
+                row([(j, 1.0), (c_, -1.0)], -np.inf, 0.0)
     # a used value has a production
     for grp, js in prods.items():
         for c in group_classes.get(grp, []):
@@ -161,7 +169,7 @@ def solve_exact(
     big = float(max(size.values(), default=1))
     for n, j in nidx.items():
         c = cidx[int(g.node_class[n])]
-        if not NodeKind(int(kinds[n])).is_reshard:
+        if kinds[n] not in reshard_kinds:
             continue
         m = float(size[int(g.class_group[g.node_class[n]])])
         for k in set(int(x) for x in kids[n]):
