@@ -29,6 +29,9 @@ from fuzz.report import render
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count=8"
 START_TIMEOUT_S = 300.0  # importing jax, shardsat and egglog on a loaded machine
+# Generating a program and running it under jax.jit (the reference) may take this many timeouts
+# before planning starts; past that the case is invalid (too heavy), not a shardsat timeout.
+REFERENCE_FACTOR = 3
 
 
 def set_device_env() -> None:
@@ -72,6 +75,7 @@ class Worker:
     ready: bool = False
     seed: int | None = None
     case_started: float = 0.0
+    deadline: float = 0.0
     info: dict[str, Any] | None = None
 
 
@@ -132,6 +136,8 @@ def _receive(pool: Pool, w: Worker) -> Outcome | None:
         w.ready = True
     elif kind == "phase":
         w.info = payload
+        if payload["phase"] == "plan":  # the timeout is for planning, compiling and running the plan
+            w.deadline = time.monotonic() + pool.timeout
     elif kind == "result":
         w.seed, w.info = None, None
         return Outcome(**payload)
@@ -141,9 +147,13 @@ def _receive(pool: Pool, w: Worker) -> Outcome | None:
 def _overdue(pool: Pool, now: float) -> list[Outcome]:
     outs = []
     for w in list(pool.workers):
-        if w.seed is not None and now - w.case_started > pool.timeout:
+        if w.seed is not None and now > w.deadline:
             phase = (w.info or {}).get("phase", "?")
-            out = pool.lost(w, "timeout", f"no result after {pool.timeout:.0f} s (phase: {phase})")
+            if phase in ("plan", "run"):
+                out = pool.lost(w, "timeout", f"no result {pool.timeout:.0f} s after planning started (phase: {phase})")
+            else:  # generating the program or running it under jax.jit: the program is too heavy
+                out = pool.lost(w, "invalid", f"the program itself ran past {REFERENCE_FACTOR * pool.timeout:.0f} s "
+                                f"(phase: {phase}) before planning started")
             if out is not None:
                 outs.append(out)
         elif not w.ready and now - w.started > START_TIMEOUT_S:
@@ -166,6 +176,7 @@ def run_campaign(seeds: list[int], workers: int, timeout: float, budget: float |
             for w in pool.workers:
                 if w.ready and w.seed is None and pending:
                     w.seed, w.case_started, w.info = pending.popleft(), time.monotonic(), None
+                    w.deadline = w.case_started + REFERENCE_FACTOR * pool.timeout
                     w.conn.send(w.seed)
             done: list[Outcome | None] = []
             for conn in wait([w.conn for w in pool.workers], timeout=1.0):
@@ -215,7 +226,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--programs", type=int, default=1000, help="how many programs (default 1000)")
     ap.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per program (default 60)")
+    ap.add_argument("--timeout", type=float, default=60.0,
+                    help="seconds from the start of planning to the checked result (default 60)")
     ap.add_argument("--budget", type=float, default=None, help="stop starting programs after this many seconds")
     ap.add_argument("--only", type=int, default=None, metavar="SEED", help="run one program here: the reproducer")
     ap.add_argument("--out", default=None, help="also write the markdown report to this file")

@@ -217,7 +217,12 @@ def _check_run(case: FuzzCase, plan: Any, mesh: Any, args: tuple[Any, ...], want
     out.remat = [ln.strip()[:300] for ln in "".join(err).splitlines() if REMAT_MARKER in ln]
     out.phase = "compare"
     tol = _float_tol(case)
-    bad = compare(want, got, case.out_paths, tol)
+    try:
+        bad = compare(want, got, case.out_paths, tol)
+    except Exception as e:  # the plan's outputs cannot be read back (inconsistent shards)
+        out.outcome, out.reason, out.location = "crash", f"reading the plan's outputs: {_reason(e)}", "(plan outputs)"
+        out.detail = traceback.format_exc()
+        return
     if bad:
         matches_gspmd, unstable = _noise_check(case, plan, mesh, got, want, tol)
         if matches_gspmd and unstable:
@@ -253,6 +258,9 @@ def run_case(seed: int, phase: Callable[[str, Outcome], None] = lambda p, o: Non
     out.mesh, out.options, out.family, out.tags = case.options.mesh_label(), case.options.summary(), case.family, list(case.tags)
     try:
         _check_case(case, out, phase, echo)
+    except Exception as e:  # a defect of the fuzz harness itself: reported, never hidden
+        out.outcome, out.reason, out.location = "crash", f"fuzz harness: {_reason(e)}", "fuzz (harness)"
+        out.detail = traceback.format_exc()
     finally:
         out.total_s = time.perf_counter() - t0
     return out

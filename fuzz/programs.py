@@ -295,7 +295,7 @@ def _train_step(b: Builder, family: str) -> tuple[list[str], list[str]]:
     if aux:
         outs["aux"] = "aux"
     if b.chance(0.3):
-        outs["grad_norm"] = "optax.global_norm(grads)"
+        outs["grad_norm"] = "optax.tree.norm(grads)"
     if b.chance(0.5):
         b.line("return " + ", ".join(outs.values()))
     else:

@@ -125,7 +125,7 @@ def render(outcomes: list[Outcome], *, wall: float, command: str, requested: int
     out = [
         "# shardsat fuzz campaign", "",
         f"`{command}`: {len(outcomes)} of {requested} programs ran in {wall:.0f} s on {workers} worker(s), "
-        f"timeout {timeout:.0f} s per program. Worker logs (jax.debug.print output, XLA warnings): `{log_dir}`.",
+        f"timeout {timeout:.0f} s per program from the start of planning. Worker logs (jax.debug.print output, XLA warnings): `{log_dir}`.",
         "", "Meshes (A: Auto axes, E: Explicit): " + ", ".join(f"{m} {c}" for m, c in sorted(meshes.items())), "",
         "## Outcomes", "", *_outcomes_table(outcomes), "", *_timing(outcomes), "",
         "## Fallbacks by primitive", "", *_fallbacks(outcomes), "",
