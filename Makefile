@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,14 +16,19 @@ demo: $(STAMP)
 	$(BIN)/python examples/mlp.py
 
 test: $(STAMP)
-	$(BIN)/ruff check shardsat tests examples benchmarks
+	$(BIN)/ruff check shardsat tests examples benchmarks fuzz
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check shardsat tests examples benchmarks
+	$(BIN)/ruff check shardsat tests examples benchmarks fuzz
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
+
+# Random realistic programs planned and checked against jax.jit (fuzz/campaign.py); the report
+# lists every failure with its reproducer, `$(BIN)/python -m fuzz --only SEED`.
+fuzz: $(STAMP)
+	$(BIN)/python -m fuzz --programs 1000 --budget 5400 --out fuzz-report.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,145 @@
+"""A fixed-seed slice of the fuzz campaign (fuzz/), run in-process: every program of the slice
+must plan and match jax.jit (outcome ok or fallback).
+
+The slice is seeds 500-535: 36 programs, not the ~100 one would like, because a program costs
+about 1.5-2 s in-process (trace, plan, two compiles, run on 8 simulated devices) and this file
+must stay around a minute on a 2-core machine (it takes 55-80 s, by the machine's load). The
+range was picked from a 600-program campaign for its spread: over 90 block kinds, all three
+families, training steps, Auto, Explicit and mixed meshes, and most failure classes. `make fuzz`
+runs the campaign proper (1000 programs in worker processes, with timeouts).
+
+Seeds of the slice that fail today on known shardsat defects are listed in KNOWN_FAILURES with
+the defect, as non-strict xfails: the test is green now, an xfail that starts passing shows as
+XPASS, and the entry is removed once the defect is fixed. Seeds whose planning runs past any
+sensible time are listed in TOO_SLOW and not run here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz.builder import Builder
+from fuzz.execute import run_case
+from fuzz.outcome import PASSING
+from fuzz.programs import build, make_program
+
+FIRST_SEED = 500
+SLICE_SIZE = 36
+SEEDS = range(FIRST_SEED, FIRST_SEED + SLICE_SIZE)
+
+# Defect classes found by the campaign (`python -m fuzz --programs 1000`), one entry per failing seed.
+GATHER_SIZE1 = 'gather signature raises KeyError for a size-1 gathered dim (rules/indexing.py:gather)'
+EXPLICIT_SET_MESH = ("plan.jit() under jax.set_mesh of an Explicit mesh: an equation traced with Explicit shardings "
+                     "is re-bound under the plan's Auto mesh (runtime/lower.py:run_eqn)")
+TIES = ("state_argnums tied to the wrong output subtree: optimizer moments have the params' structure "
+        "(pins.py:resolve_ties)")
+ZERO_RESHAPE = 'reshape of a zero-size array has no signature (rules/primitives.py:reshape)'
+CALLBACKS_DROPPED = 'plan.jit() drops jax.debug.callback / debug.print equations (replicated by fallback)'
+
+KNOWN_FAILURES: dict[int, str] = {
+    501: "no sharding rule for `debug_callback` (without fallback='replicate')",
+    503: GATHER_SIZE1,
+    505: EXPLICIT_SET_MESH,
+    506: TIES,
+    510: ZERO_RESHAPE,
+    514: GATHER_SIZE1,
+    517: TIES,
+    518: CALLBACKS_DROPPED,
+    520: GATHER_SIZE1,
+    521: EXPLICIT_SET_MESH,
+    522: GATHER_SIZE1,
+    524: EXPLICIT_SET_MESH,
+    525: GATHER_SIZE1,
+    529: GATHER_SIZE1,
+    530: GATHER_SIZE1,
+    532: "no sharding rule for `cond` (without fallback='replicate')",
+    533: TIES,
+}
+TOO_SLOW: dict[int, str] = {
+    516: "planning runs past 60 s (extraction='exact')",
+}
+
+
+def _params() -> list[object]:
+    out: list[object] = []
+    for s in SEEDS:
+        if s in TOO_SLOW:
+            out.append(pytest.param(s, marks=pytest.mark.xfail(reason=TOO_SLOW[s], run=False)))
+        elif s in KNOWN_FAILURES:
+            out.append(pytest.param(s, marks=pytest.mark.xfail(reason=KNOWN_FAILURES[s], strict=False)))
+        else:
+            out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("seed", _params())
+def test_fuzz_program_plans_and_matches(seed: int) -> None:
+    out = run_case(seed)
+    assert out.outcome in PASSING, (
+        f"fuzz seed {seed} ({out.mesh}; {out.options}): {out.outcome}: {out.reason}\n"
+        f"at {out.location or out.phase}; reproduce with: {out.reproducer()}\n{out.detail[-4000:]}"
+    )
+
+
+def test_programs_are_reproducible_from_their_seed() -> None:
+    """The same seed gives the same source, options and argument values."""
+    import numpy as np
+
+    for seed in (3, 17):
+        a, b = make_program(seed), make_program(seed)
+        assert a.source == b.source and a.options.summary() == b.options.summary()
+        for x, y in zip(a.example_args(), b.example_args(), strict=True):
+            for u, v in zip(_leaves(x), _leaves(y), strict=True):
+                np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+
+
+def _leaves(tree: object) -> list[object]:
+    import jax
+
+    return [jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+            for x in jax.tree.leaves(tree)]
+
+
+# Block kinds the generator must draw within its first 400 seeds (the brief's list).
+REQUIRED_TAGS = {
+    "mlp", "swiglu", "geglu", "layer-norm", "rms-norm", "batch-norm", "cross-entropy", "cross-entropy-one-hot",
+    "cross-entropy-optax", "attention", "rope", "embed-index", "embed-take", "embed-one-row", "embed-one-hot",
+    "moe-topk-scatter-add", "moe-topk-gather", "moe-gather-scatter-max", "moe-switch-capacity", "segment_sum",
+    "conv-NHWC", "conv-NCHW", "max-pool-reduce-window", "avg-pool-reduce-window", "cumsum", "sort",
+    "argsort-take-along-axis", "where", "split-concatenate", "stack", "reshape-transpose-chain", "scan-layers",
+    "scan-layers-dropped-outputs", "vmap", "checkpoint", "cond", "switch", "while-dynamic-trip-count",
+    "while-data-dependent", "fori-static", "fori-dynamic", "dropout-random", "debug-callback", "debug-print",
+    "int-bool-outputs", "return-none", "return-constants", "return-nested", "dtype-bfloat16", "dtype-float16",
+    "train-sgd", "train-adam", "train-adamw", "train-clip_adam", "train-apply_if_finite", "train-multisteps",
+    "unrolled-layers", "family-data", "family-image",
+    *(f"pad-{m}" for m in ("constant", "edge", "linear_ramp", "maximum", "mean", "median", "minimum", "reflect",
+                           "symmetric", "wrap", "empty")),
+}
+
+
+def test_generator_covers_the_block_kinds() -> None:
+    """Drawing programs (no tracing) over 400 seeds meets every block kind at least once."""
+    seen: set[str] = set()
+    for seed in range(400):
+        b: Builder = build(seed)[0]
+        seen.update(b.tags)
+    assert not REQUIRED_TAGS - seen, f"never drawn: {sorted(REQUIRED_TAGS - seen)}"
+
+
+def test_compare_flags_wrong_numbers_structure_and_dtypes() -> None:
+    """The campaign's comparison (not the planner) is what decides `mismatch`: it must flag a
+    1% error in float32, any integer difference, a dtype change and another structure, and
+    accept rounding noise and equal NaNs."""
+    import numpy as np
+
+    from fuzz.execute import compare
+
+    want = {"f": np.linspace(-1, 1, 8, dtype=np.float32), "i": np.arange(4), "n": np.array([np.nan], np.float32)}
+    paths = ["['f']", "['i']", "['n']"]
+    assert not compare(want, dict(want), paths, "float32")
+    assert not compare(want, {**want, "f": want["f"] * (1 + 1e-6)}, paths, "float32")
+    assert compare(want, {**want, "f": want["f"] * 1.01}, paths, "float32")
+    assert not compare(want, {**want, "f": want["f"] * 1.01}, paths, "bfloat16")
+    assert compare(want, {**want, "i": want["i"] + (want["i"] == 3)}, paths, "float32")
+    assert compare(want, {**want, "i": want["i"].astype(np.int8)}, paths, "float32")
+    assert compare(want, (want["f"],), paths, "float32")
