@@ -49,6 +49,8 @@ def pinned_layouts(spec: PartitionSpec, shape: tuple[int, ...], dtype: Any,
     want, why = spec_to_layout(fixed, shape, spaces.mesh)
     if want is None:
         return None, why
+    if 0 in shape:  # no elements: only the replicated layout exists (egraph/layout.py)
+        return frozenset({spaces.space(shape, dtype).layouts[0]}), None
     if not free:
         return frozenset({spaces.layouts.intern(want)}), None
     used = {a for d, axes in enumerate(want.dims) if d not in free for a in axes}

@@ -8,10 +8,10 @@ range was picked from a 600-program campaign for its spread: over 90 block kinds
 families, training steps, Auto, Explicit and mixed meshes, and most failure classes. `make fuzz`
 runs the campaign proper (1000 programs in worker processes, with timeouts).
 
-Seeds of the slice that fail today on known shardsat defects are listed in KNOWN_FAILURES with
-the defect, as non-strict xfails: the test is green now, an xfail that starts passing shows as
-XPASS, and the entry is removed once the defect is fixed. Seeds whose planning runs past any
-sensible time are listed in TOO_SLOW and not run here.
+Every seed of the slice must pass: the campaign's defect classes found in it (gather over size-1
+dims, Explicit meshes under jax.set_mesh, state ties, zero-size reshapes, dropped callbacks,
+cond / debug_callback without rules, slow exact extraction) are fixed, each with a regression
+test of its own (test_robustness.py, test_control_flow.py, test_validation.py).
 """
 
 from __future__ import annotations
@@ -27,52 +27,8 @@ FIRST_SEED = 500
 SLICE_SIZE = 36
 SEEDS = range(FIRST_SEED, FIRST_SEED + SLICE_SIZE)
 
-# Defect classes found by the campaign (`python -m fuzz --programs 1000`), one entry per failing seed.
-GATHER_SIZE1 = 'gather signature raises KeyError for a size-1 gathered dim (rules/indexing.py:gather)'
-EXPLICIT_SET_MESH = ("plan.jit() under jax.set_mesh of an Explicit mesh: an equation traced with Explicit shardings "
-                     "is re-bound under the plan's Auto mesh (runtime/lower.py:run_eqn)")
-TIES = ("state_argnums tied to the wrong output subtree: optimizer moments have the params' structure "
-        "(pins.py:resolve_ties)")
-ZERO_RESHAPE = 'reshape of a zero-size array has no signature (rules/primitives.py:reshape)'
-CALLBACKS_DROPPED = 'plan.jit() drops jax.debug.callback / debug.print equations (replicated by fallback)'
 
-KNOWN_FAILURES: dict[int, str] = {
-    501: "no sharding rule for `debug_callback` (without fallback='replicate')",
-    503: GATHER_SIZE1,
-    505: EXPLICIT_SET_MESH,
-    506: TIES,
-    510: ZERO_RESHAPE,
-    514: GATHER_SIZE1,
-    517: TIES,
-    518: CALLBACKS_DROPPED,
-    520: GATHER_SIZE1,
-    521: EXPLICIT_SET_MESH,
-    522: GATHER_SIZE1,
-    524: EXPLICIT_SET_MESH,
-    525: GATHER_SIZE1,
-    529: GATHER_SIZE1,
-    530: GATHER_SIZE1,
-    532: "no sharding rule for `cond` (without fallback='replicate')",
-    533: TIES,
-}
-TOO_SLOW: dict[int, str] = {
-    516: "planning runs past 60 s (extraction='exact')",
-}
-
-
-def _params() -> list[object]:
-    out: list[object] = []
-    for s in SEEDS:
-        if s in TOO_SLOW:
-            out.append(pytest.param(s, marks=pytest.mark.xfail(reason=TOO_SLOW[s], run=False)))
-        elif s in KNOWN_FAILURES:
-            out.append(pytest.param(s, marks=pytest.mark.xfail(reason=KNOWN_FAILURES[s], strict=False)))
-        else:
-            out.append(s)
-    return out
-
-
-@pytest.mark.parametrize("seed", _params())
+@pytest.mark.parametrize("seed", SEEDS)
 def test_fuzz_program_plans_and_matches(seed: int) -> None:
     out = run_case(seed)
     assert out.outcome in PASSING, (

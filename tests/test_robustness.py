@@ -173,3 +173,24 @@ def test_state_ties_when_a_params_tree_looks_like_adams_moments(mesh):
     out_paths = [plan.program.out_paths[k] for _, k in plan.ties]
     assert any("params" in q for q in out_paths) and any("opt_state" in q for q in out_paths)
     assert_equivalent(plan, step, p, s, x)
+
+
+def test_zero_size_values_stay_replicated():
+    """A zero-size result split by the plan came back from XLA as whole shards that could not be
+    read (np.asarray: could not broadcast (0,4) into (0,1)); pins on such values are vacuous."""
+    mesh = jax.make_mesh((4, 2), ("x", "y"))
+
+    def f(y, w):
+        return y @ w
+
+    y, w = jnp.ones((0, 8)), jnp.ones((8, 4))
+    for pins in ({}, {"out_shardings": P(None, "x"), "in_shardings": (P(None, "x"), None)}):
+        plan = strict_plan(f, mesh, y, w, **pins)
+        out = plan.jit()(y, w)
+        assert np_shape(out) == (0, 4)
+
+
+def np_shape(x):
+    import numpy as np
+
+    return np.asarray(x).shape

@@ -148,7 +148,8 @@ def enumerate_layouts(shape: tuple[int, ...], dtype: Any, mesh: MeshAxes) -> lis
     """Every layout of a tensor: each active axis goes to one dimension, to the partial set, or
     nowhere; a dimension's split must divide its size."""
     rank = len(shape)
-    if is_extended(dtype):
+    if is_extended(dtype) or 0 in shape:
+        # a zero-size array has nothing to split (and XLA hands back a split one's shards whole)
         return [Layout.replicated(rank)]
     options: list[int | None] = [None, *range(rank)]
     if partial_allowed(dtype):
