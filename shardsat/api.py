@@ -21,6 +21,7 @@ from .egraph.rewrite import Rewrite, apply_rewrites
 from .egraph.run import EGraphRun
 from .errors import FallbackWarning, InvalidArgumentError, InvalidMeshError, MemoryLimitWarning, NoPlanError
 from .extract.cost import CostModel
+from .extract.families import families
 from .extract.memory import MemoryEstimate, estimate_memory
 from .extract.profile import DeviceProfile, get_profile
 from .extract.result import Extraction
@@ -222,7 +223,8 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
     try:
         if method not in ("auto", "greedy", "exact"):
             raise InvalidArgumentError(f"extraction must be 'auto', 'greedy' or 'exact', got {method!r}.")
-        extraction = full_roots(best_plan(problem, node_cost, deadline, method, exact_seconds=limits.exact_seconds))
+        extraction = full_roots(best_plan(problem, node_cost, deadline, method, exact_seconds=limits.exact_seconds,
+                                          families=families(program, graph, spaces, tie_pairs, arg_pins)))
         memory = None
         if limit is not None:
             try:

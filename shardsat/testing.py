@@ -432,3 +432,29 @@ def _check_rewrite(rw: Rewrite, sizes: tuple[int, ...], max_examples: int, rtol:
 
     skipped: list[BaseException] = []
     _run_property(prop, f"Rewrite `{rw.name}`", skipped)
+
+
+def standard_layouts(fn: Any, mesh: Any, *args: Any, state_argnums: Any = None) -> dict[str, tuple[Any, ...]]:
+    """The standard layout families (data parallel, ZeRO-1, FSDP over every set of mesh axes,
+    tensor parallel per axis with data parallel or FSDP over the rest, replicated) of this
+    program on this mesh, each as an `in_shardings` tuple for saturate_and_extract. The free
+    plan is never costlier than any of them pinned:
+
+        free = shardsat.saturate_and_extract(fn, mesh, *args)
+        for name, pins in standard_layouts(fn, mesh, *args).items():
+            pinned = shardsat.saturate_and_extract(fn, mesh, *args, in_shardings=pins)
+            assert free.cost.total_s <= pinned.cost.total_s * (1 + 1e-6), name
+    """
+    from .egraph.layout import MeshAxes, SpaceTable, auto_mesh
+    from .egraph.program import trace
+    from .extract.families import family_layouts
+    from .pins import resolve_ties
+
+    program = trace(fn, args, auto_mesh(mesh))
+    spaces = SpaceTable(MeshAxes.from_mesh(mesh))
+    ties = resolve_ties(program, state_argnums, program.name)
+    out = {}
+    for name, layouts in family_layouts(program, spaces, ties):
+        specs = [layouts[pos].spec(spaces.mesh) for pos in range(len(program.args))]
+        out[name] = tuple(jax.tree_util.tree_unflatten(program.in_tree, specs))
+    return out

@@ -308,22 +308,7 @@ class Extractor:
           (data parallel, fully sharded state) besides the estimate."""
         t0 = time.perf_counter()
         g = self.g
-        if not hasattr(self, "_prod_full"):
-            self._prod_full = list(self.prod)
-        # pins and ties below narrow a copy: production lists are rebound, never mutated, so
-        # copying the outer list is enough
-        self.prod = list(self._prod_full)
-        for grp, lays in (place_pins or {}).items():
-            self.prod[grp] = [
-                n for n in self.prod[grp]
-                if NodeKind(int(g.node_kind[n])) != NodeKind.PLACE or int(g.node_b[n]) in lays
-            ]
-        # place nodes of tied inputs, by layout: every layout its pins allow, the seed's included
-        # (a seed picks the first plan's layout; the search may move it)
-        self.place_of: dict[int, dict[int, int]] = {}
-        for h, _ in ties:
-            self.place_of[h] = {int(g.node_b[n]): n for n in self.prod[h]
-                                if NodeKind(int(g.node_kind[n])) == NodeKind.PLACE}
+        self._pin(place_pins, ties)
         released: dict[int, list[int]] = {}
         for h, lay in (seed or {}).items():
             nodes = [n for n in self.prod[h]
@@ -422,6 +407,40 @@ class Extractor:
             if h not in self.place_of:
                 self.prod[h] = nodes
         return self._finish(roots, root_layouts, choice, demand, deadline, max_sweeps, explain, chains, t0)
+
+    def _pin(self, place_pins: dict[int, frozenset[int]] | None, ties: Sequence[tuple[int, int]]) -> None:
+        """Productions narrowed to the pinned placements, and the place nodes of tied inputs by
+        layout: every layout its pins allow (a seed picks the first plan's; the search may move it)."""
+        g = self.g
+        if not hasattr(self, "_prod_full"):
+            self._prod_full = list(self.prod)
+        # production lists are rebound, never mutated, so copying the outer list is enough
+        self.prod = list(self._prod_full)
+        for grp, lays in (place_pins or {}).items():
+            self.prod[grp] = [
+                n for n in self.prod[grp]
+                if NodeKind(int(g.node_kind[n])) != NodeKind.PLACE or int(g.node_b[n]) in lays
+            ]
+        self.place_of: dict[int, dict[int, int]] = {}
+        for h, _ in ties:
+            self.place_of[h] = {int(g.node_b[n]): n for n in self.prod[h]
+                                if NodeKind(int(g.node_kind[n])) == NodeKind.PLACE}
+
+    def release(self, ex: Extraction, roots: Sequence[tuple[int, frozenset[int] | None]], deadline: float,
+                place_pins: dict[int, frozenset[int]] | None, ties: Sequence[tuple[int, int]],
+                chains: bool = True) -> Extraction:
+        """Continue a plan found under tighter pins (a layout family's) with only `place_pins`:
+        its inputs may move from there."""
+        t0 = time.perf_counter()
+        choice, demand, _, _, root_layouts, roots_of, _ = ex.state
+        self._pin(place_pins, ties)
+        self.roots_of = roots_of
+        for h, rs in roots_of.items():  # a tied input stays placed as its roots are, until moved
+            self.prod[h] = [self.place_of[h][root_layouts[rs[0]]]]
+        out = self._finish(roots, list(root_layouts), dict(choice), [c.copy() for c in demand], deadline,
+                           500, False, chains, t0)
+        out.sweeps += ex.sweeps
+        return out
 
     def resume(self, ex: Extraction, roots: Sequence[tuple[int, frozenset[int] | None]], deadline: float,
                max_sweeps: int = 500, explain: bool = True, chains: bool = True) -> Extraction:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from ..egraph.layout import SpaceTable
 from ..errors import NoPlanError
 from .cost import CostModel
 from .exact import solve_exact
+from .families import Family
 from .greedy import EPS, Extractor
 from .memory import MemoryEstimate
 from .result import Extraction
@@ -41,6 +42,10 @@ SHALLOW_WEIGHT = 8
 # restarts under memory pressure: every byte a plan holds is priced so that the best plan's
 # bytes cost this many times its seconds (see _pressure_restarts)
 PRESSURE = 2.0
+# the standard layout families' completions (_family_starts) may take this share of the time the
+# search took before them, and at least this many seconds
+FAMILY_SHARE = 0.5
+FAMILY_SECONDS = 2.0
 
 
 @dataclass
@@ -72,15 +77,36 @@ def _reprice(ex: Extraction, cost: np.ndarray) -> Extraction:
 
 
 def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = "auto",
-              restarts: bool = True, exact_seconds: float = EXACT_SECONDS) -> Extraction:
+              restarts: bool = True, exact_seconds: float = EXACT_SECONDS,
+              families: list[Family] | None = None, extractor: Extractor | None = None,
+              bound: bool = True) -> Extraction:
     """The cheapest plan over the starting points (the estimate, or for deep loops the plan of
     their shallow copy, then each seed), and the same starts again under memory pressure
     (`restarts`: all of them where every start gets chain moves, else the best one); then the
-    exact integer program where it is small enough to pay ("auto") or always ("exact")."""
+    exact integer program where it is small enough to pay ("auto") or always ("exact"); then,
+    unless that proved the plan optimal, each of the standard layout `families` completed as a
+    pinned plan would be, and released (see _family_starts)."""
     if not p.roots:  # nothing to compute: no array results, no effects
         return Extraction(choices={}, root_layouts=[], total_s=0.0, method=method, seconds=0.0, gap=0.0)
-    ex = Extractor(p.graph, node_cost, p.value_space, p.spaces, p.edges, p.model,
-                   describe=p.describe, combinable=p.combinable, weight=p.weight)
+    t0 = time.perf_counter()
+    ex = extractor or Extractor(p.graph, node_cost, p.value_space, p.spaces, p.edges, p.model,
+                                describe=p.describe, combinable=p.combinable, weight=p.weight)
+    best = _local_search(p, ex, node_cost, deadline, restarts)
+    if p.roots and (method == "exact" or (method == "auto" and p.graph.size <= EXACT_AUTO_NODES)):
+        best = _exact(p, node_cost, best, deadline, method, exact_seconds)
+    if families and best.exact_status != "optimal":
+        best = _family_starts(p, ex, node_cost, best, families, deadline, method, exact_seconds,
+                              spent=time.perf_counter() - t0)
+    best.explainer = ex.explain
+    ex.forget_search()
+    if best.gap is None and bound:
+        bound_gap(best, ex.lower_bound(p.roots))
+    best.seconds = time.perf_counter() - t0
+    return best
+
+
+def _local_search(p: Problem, ex: Extractor, node_cost: np.ndarray, deadline: float, restarts: bool) -> Extraction:
+    """The starts (estimate or deep-loop start, seeds), polished, then restarted under pressure."""
     small = p.graph.size <= SEED_CHAIN_NODES
     # every starting point gets single-value and space moves; on big graphs chain moves (the
     # expensive part) then continue the most promising POLISHED of them
@@ -94,20 +120,8 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
         starts.append(seed)
         runs.append(ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, seed=seed,
                            explain=False, chains=small))
-    spent = sum(r.seconds for r in runs)
     if deep:
-        # deep loops: the body's weight swamps everything else and the estimate settles in a
-        # poorer body than a shallower copy of the same loop finds: the estimate's starting point
-        # is the plan of the loop with its repeat counts capped, improved with the true ones
-        w_node = p.weight[p.graph.class_group[p.graph.node_class]]
-        capped = node_cost / w_node * np.minimum(w_node, SHALLOW_WEIGHT)
-        shallow = ex.with_costs(capped, np.minimum(p.weight, SHALLOW_WEIGHT))
-        first = shallow.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, explain=False,
-                            chains=False)
-        spent += first.seconds
-        first = ex.resume(first, p.roots, deadline=deadline, explain=False, chains=small)
-        spent += first.seconds
-        runs.append(first)
+        runs.append(_deep_start(p, ex, node_cost, deadline, small))
         starts.append(None)
     if not small:
         ranked = sorted(range(len(runs)), key=lambda i: (runs[i].total_s, i))
@@ -116,7 +130,6 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
             if time.perf_counter() >= deadline or runs[i].total_s > within:
                 break
             runs[i] = ex.resume(runs[i], p.roots, deadline=deadline, explain=False)
-            spent += runs[i].seconds
     first_best = min(range(len(runs)), key=lambda i: runs[i].total_s)
     best = runs[first_best]
     if restarts:
@@ -126,33 +139,77 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
         # 24-layer step 5456 -> 4080; the folded 24-layer d1024 step of benchmarks/scaling.py
         # gains nothing, in ~0.5 s)
         again = starts if small else [starts[first_best]]
-        best, more = _pressure_restarts(p, ex, node_cost, best, again, deadline,
-                                        polish=small or len(p.spaces.mesh.active) >= 3)
-        spent += more
-    best.explainer = ex.explain
-    ex.forget_search()
-    # no roots (a function returning no arrays): the empty plan is exact, and HiGHS takes no
-    # problem of zero variables
-    if p.roots and (method == "exact" or (method == "auto" and p.graph.size <= EXACT_AUTO_NODES)):
-        if p.graph.unbuilt_nodes:
-            raise ValueError("the exact extractor needs the resharding e-nodes: export(reshard=True)")
-        left = deadline - time.perf_counter()
-        limit = min(exact_seconds if method == "exact" else EXACT_AUTO_SECONDS, left)
-        if limit > 0.1:
-            group_space = [p.value_space[vs[0]] if vs else -1 for vs in p.graph.group_values]
-            partial = {i for i, lay in enumerate(p.spaces.layouts.layouts) if lay.partial}
-            res = solve_exact(p.graph, node_cost, group_space, p.model, p.combinable, p.roots, p.place_pins,
-                              p.ties, partial, limit, weight=p.weight, incumbent=best.total_s)
-            spent += res.seconds
-            if res.extraction is not None and res.extraction.total_s < best.total_s - 1e-12:
-                best = res.extraction
-                best.notes.append(f"exact ILP improved the greedy plan; {res.status}")
-            best.gap = res.gap if res.extraction is not None and best is res.extraction else (
-                0.0 if res.status == "optimal" else None)
-            best.exact_status = res.status
-    if best.gap is None:
-        bound_gap(best, ex.lower_bound(p.roots))
-    best.seconds = spent
+        best, _ = _pressure_restarts(p, ex, node_cost, best, again, deadline,
+                                     polish=small or len(p.spaces.mesh.active) >= 3)
+    return best
+
+
+def _deep_start(p: Problem, ex: Extractor, node_cost: np.ndarray, deadline: float, small: bool) -> Extraction:
+    """Deep loops: the body's weight swamps everything else and the estimate settles in a poorer
+    body than a shallower copy of the same loop finds: the estimate's starting point is the plan
+    of the loop with its repeat counts capped, improved with the true ones."""
+    w_node = p.weight[p.graph.class_group[p.graph.node_class]]
+    capped = node_cost / w_node * np.minimum(w_node, SHALLOW_WEIGHT)
+    shallow = ex.with_costs(capped, np.minimum(p.weight, SHALLOW_WEIGHT))
+    first = shallow.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, explain=False,
+                        chains=False)
+    return ex.resume(first, p.roots, deadline=deadline, explain=False, chains=small)
+
+
+def _exact(p: Problem, node_cost: np.ndarray, best: Extraction, deadline: float, method: str,
+           exact_seconds: float) -> Extraction:
+    """The integer program, seeking plans cheaper than `best` (no roots: the empty plan is exact,
+    and HiGHS takes no problem of zero variables)."""
+    if p.graph.unbuilt_nodes:
+        raise ValueError("the exact extractor needs the resharding e-nodes: export(reshard=True)")
+    limit = min(exact_seconds if method == "exact" else EXACT_AUTO_SECONDS, deadline - time.perf_counter())
+    if limit <= 0.1:
+        return best
+    group_space = [p.value_space[vs[0]] if vs else -1 for vs in p.graph.group_values]
+    partial = {i for i, lay in enumerate(p.spaces.layouts.layouts) if lay.partial}
+    res = solve_exact(p.graph, node_cost, group_space, p.model, p.combinable, p.roots, p.place_pins,
+                      p.ties, partial, limit, weight=p.weight, incumbent=best.total_s)
+    if res.extraction is not None and res.extraction.total_s < best.total_s - 1e-12:
+        best = res.extraction
+        best.notes.append(f"exact ILP improved the greedy plan; {res.status}")
+    best.gap = res.gap if res.extraction is not None and best is res.extraction else (
+        0.0 if res.status == "optimal" else None)
+    best.exact_status = res.status
+    return best
+
+
+def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction, families: list[Family],
+                   deadline: float, method: str, exact_seconds: float, spent: float) -> Extraction:
+    """Each standard family (extract/families.py) planned as a user's pinned plan would be (the
+    same search with its arguments pinned), then released: moved freely from there. A pinned
+    layout lies inside the free search space, yet the local search from the free starts can
+    settle in a worse basin (a GPT step on 2x4: 2,746 us free, 1,994 us pinned replicated), so
+    a family's completion is a start of its own. Ranked by the first plan of a pinned run (no
+    moves), cheapest first, within a budget: FAMILY_SHARE of the search so far, at least
+    FAMILY_SECONDS."""
+    t0 = time.perf_counter()
+    until = min(deadline, t0 + max(FAMILY_SECONDS, FAMILY_SHARE * spent))
+    quick: list[tuple[float, int, dict[int, frozenset[int]]]] = []
+    for i, fam in enumerate(families):
+        if time.perf_counter() >= until:
+            break
+        pins = {**p.place_pins, **fam.pins}
+        run = ex.run(p.roots, deadline=until, place_pins=pins, ties=p.ties, explain=False, chains=False,
+                     max_sweeps=0)
+        quick.append((run.total_s, i, pins))
+    origin = None
+    for _, i, pins in sorted(quick, key=lambda q: (q[0], q[1])):
+        if time.perf_counter() >= until:
+            break
+        pinned = best_plan(replace(p, place_pins=pins, seeds=[]), node_cost, until, method,
+                           exact_seconds=exact_seconds, extractor=ex, bound=False)
+        freed = ex.release(pinned, p.roots, until, p.place_pins, p.ties)
+        for cand in (pinned, freed):
+            if cand.total_s < best.total_s - EPS:
+                best, origin = cand, families[i].name
+    if origin is not None:
+        best.notes.append(f"started from the {origin} layout family")
+        best.gap = best.exact_status = None  # they were of another plan
     return best
 
 

@@ -1,0 +1,166 @@
+"""The standard layout families experts write by hand, as argument pins.
+
+Each family places every argument: the batch (positional arguments that are not state or
+weights) split on its leading dimension, weights and optimizer state replicated or split. The
+search completes each family like a user's pinned plan and starts from the cheapest (see
+extract/search.py), so no pinned standard layout is cheaper than the free plan:
+
+* dp(S): the batch over axes S, state replicated (all-reduced gradients);
+* zero1(S): dp(S), optimizer state split over S (its largest dimension; ZeRO-1/2 are the same
+  argument layouts: they differ in intermediates, which the search chooses);
+* fsdp(S): dp(S), weights and optimizer state split over S (ZeRO-3);
+* tp(a)+dp(R): the batch over the other axes R, every weight's largest dimension over `a`
+  (Megatron's column/row splits: a weight's largest dimension is the hidden one it shares with
+  its partner; heads and vocabularies too);
+* fsdp(R)+tp(a): tp(a)+dp(R), each weight's next largest dimension over R as well;
+* replicated: every argument whole, intermediates free.
+
+S ranges over every non-empty set of mesh axes (more than one device each), `a` over each axis.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from ..egraph.export import ExportedGraph
+from ..egraph.layout import Layout, SpaceTable
+from ..egraph.program import Program
+from ..egraph.ties import resolve_ties
+from .structure import heavy_roles
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    pins: dict[int, frozenset[int]]  # input group -> its layout (one), as a pin
+
+
+@dataclass(frozen=True)
+class Roles:
+    """The flat arguments by role: batch, weights (a contraction reads them), other state."""
+
+    batch: tuple[int, ...]
+    weights: tuple[int, ...]
+    state: tuple[int, ...]
+
+
+def roles(program: Program, ties: list[tuple[int, int]]) -> Roles:
+    """With loop-carried state, the state is what is tied and the rest is batch; a step that
+    returns its state untied is read the same way (state_argnums="auto"'s ties). Without state
+    (a forward pass), the batch is the positional arguments every leaf of which has a leading
+    dimension an output keeps; the other arguments are weights."""
+    before, _ = heavy_roles(program)
+    ties = ties or resolve_ties(program, "auto", program.name)
+    if ties:
+        tied = {a for a, _ in ties}
+        state = [a for a in range(len(program.args)) if a in tied]
+        return Roles(tuple(a for a in range(len(program.args)) if a not in tied),
+                     tuple(a for a in state if before[program.args[a]]),
+                     tuple(a for a in state if not before[program.args[a]]))
+    lead = {program.values[o].shape[0] for o in program.outputs if isinstance(o, int) and program.values[o].shape}
+    batch, weights, start = [], [], 0
+    for count in program.arg_counts:
+        positions = range(start, start + count)
+        start += count
+        shapes = [program.values[program.args[a]].shape for a in positions]
+        (batch if all(s and s[0] in lead for s in shapes) else weights).extend(positions)
+    return Roles(tuple(batch), tuple(weights), ())
+
+
+def _split(shape: tuple[int, ...], dims: list[int], axes_per_dim: list[tuple[int, ...]],
+           spaces: SpaceTable) -> Layout:
+    """`axes_per_dim[i]` (those of them that divide, in mesh order) on dimension `dims[i]`."""
+    out: list[tuple[int, ...]] = [()] * len(shape)
+    for d, axes in zip(dims, axes_per_dim, strict=True):
+        kept: list[int] = []
+        for a in axes:
+            if shape[d] % spaces.mesh.size((*kept, a)) == 0:
+                kept.append(a)
+        out[d] = tuple(kept)
+    return Layout(tuple(out), ())
+
+
+def _by_size(shape: tuple[int, ...]) -> list[int]:
+    return sorted(range(len(shape)), key=lambda d: (-shape[d], d))
+
+
+class _Builder:
+    """Layouts of one program's arguments on one mesh."""
+
+    def __init__(self, program: Program, spaces: SpaceTable):
+        self.program, self.spaces = program, spaces
+
+    def shape(self, pos: int) -> tuple[int, ...]:
+        return self.program.values[self.program.args[pos]].shape
+
+    def batch(self, pos: int, axes: tuple[int, ...]) -> Layout:
+        shape = self.shape(pos)
+        return _split(shape, [0], [axes], self.spaces) if shape else Layout.replicated(0)
+
+    def largest(self, pos: int, first: tuple[int, ...], second: tuple[int, ...] = ()) -> Layout:
+        """`first` on the largest dimension, `second` on the next largest."""
+        shape = self.shape(pos)
+        dims = _by_size(shape)
+        if not dims:
+            return Layout.replicated(0)
+        if len(dims) == 1 or not second:
+            return _split(shape, dims[:1], [first], self.spaces)
+        return _split(shape, dims[:2], [first, second], self.spaces)
+
+    def whole(self, pos: int) -> Layout:
+        return Layout.replicated(len(self.shape(pos)))
+
+
+def family_layouts(program: Program, spaces: SpaceTable, ties: list[tuple[int, int]]) -> list[tuple[str, dict[int, Layout]]]:
+    """(name, flat argument position -> layout) of each standard family on this mesh (see the
+    module docstring), without duplicates."""
+    r = roles(program, ties)
+    b = _Builder(program, spaces)
+    active = spaces.mesh.active
+    out = [("replicated", {a: b.whole(a) for a in range(len(program.args))})]
+    for k in range(1, len(active) + 1):
+        for axes in itertools.combinations(active, k):
+            label = spaces.mesh.label(axes)
+            batch = {a: b.batch(a, axes) for a in r.batch}
+            out.append((f"dp({label})", batch | {a: b.whole(a) for a in r.weights + r.state}))
+            if r.state:
+                out.append((f"zero1({label})", batch | {a: b.whole(a) for a in r.weights}
+                            | {a: b.largest(a, axes) for a in r.state}))
+            out.append((f"fsdp({label})", batch | {a: b.largest(a, axes) for a in r.weights + r.state}))
+    if len(active) >= 2:
+        for tp in active:
+            rest = tuple(a for a in active if a != tp)
+            batch = {a: b.batch(a, rest) for a in r.batch}
+            label, rest_label = spaces.mesh.label((tp,)), spaces.mesh.label(rest)
+            out.append((f"tp({label})+dp({rest_label})", batch | {a: b.largest(a, (tp,)) for a in r.weights + r.state}))
+            out.append((f"fsdp({rest_label})+tp({label})",
+                        batch | {a: b.largest(a, (tp,), rest) for a in r.weights + r.state}))
+    unique: list[tuple[str, dict[int, Layout]]] = []
+    for name, layouts in out:
+        if all(layouts != seen for _, seen in unique):
+            unique.append((name, layouts))
+    return unique
+
+
+def families(program: Program, graph: ExportedGraph, spaces: SpaceTable, ties: list[tuple[int, int]],
+             user_pins: dict[int, frozenset[int]]) -> list[Family]:
+    """The standard families as pins of the e-graph's input groups, leaving out the arguments the
+    user pinned (and families that ask two layouts of one group: a folded loop's layers)."""
+    out: list[Family] = []
+    for name, layouts in family_layouts(program, spaces, ties):
+        pins: dict[int, frozenset[int]] = {}
+        for pos, lay in layouts.items():
+            grp = graph.value_group.get(program.args[pos])
+            if grp is None or pos in user_pins:
+                continue
+            v = program.values[program.args[pos]]
+            lid = spaces.layouts.intern(lay)
+            if lid not in spaces.space(v.shape, v.dtype).layouts:
+                lid = spaces.space(v.shape, v.dtype).layouts[0]
+            if pins.setdefault(grp, frozenset({lid})) != frozenset({lid}):
+                break
+        else:
+            if pins and all(pins != f.pins for f in out):
+                out.append(Family(name, pins))
+    return out
