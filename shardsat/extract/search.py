@@ -42,10 +42,10 @@ SHALLOW_WEIGHT = 8
 # restarts under memory pressure: every byte a plan holds is priced so that the best plan's
 # bytes cost this many times its seconds (see _pressure_restarts)
 PRESSURE = 2.0
-# the standard layout families' completions (_family_starts) may take this share of the time the
-# search took before them, and at least this many seconds
+# the standard layout families' completions (_family_starts): all of them on e-graphs up to
+# FAMILY_ALL_NODES, else within FAMILY_SHARE of the time the search took before them
 FAMILY_SHARE = 0.5
-FAMILY_SECONDS = 2.0
+FAMILY_ALL_NODES = 40_000
 
 
 @dataclass
@@ -184,29 +184,23 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
     same search with its arguments pinned), then released: moved freely from there. A pinned
     layout lies inside the free search space, yet the local search from the free starts can
     settle in a worse basin (a GPT step on 2x4: 2,746 us free, 1,994 us pinned replicated), so
-    a family's completion is a start of its own. Ranked by the first plan of a pinned run (no
-    moves), cheapest first, within a budget: FAMILY_SHARE of the search so far, at least
-    FAMILY_SECONDS."""
+    a family's completion is a start of its own. On e-graphs up to FAMILY_ALL_NODES every family
+    is tried, so that no pinned family beats the free plan; on bigger ones the families in
+    their order of promise within a budget: FAMILY_SHARE of the search so far."""
     t0 = time.perf_counter()
-    until = min(deadline, t0 + max(FAMILY_SECONDS, FAMILY_SHARE * spent))
-    quick: list[tuple[float, int, dict[int, frozenset[int]]]] = []
-    for i, fam in enumerate(families):
+    every = p.graph.size <= FAMILY_ALL_NODES
+    until = deadline if every else min(deadline, t0 + FAMILY_SHARE * spent)
+    origin = None
+    for fam in families:
         if time.perf_counter() >= until:
             break
         pins = {**p.place_pins, **fam.pins}
-        run = ex.run(p.roots, deadline=until, place_pins=pins, ties=p.ties, explain=False, chains=False,
-                     max_sweeps=0)
-        quick.append((run.total_s, i, pins))
-    origin = None
-    for _, i, pins in sorted(quick, key=lambda q: (q[0], q[1])):
-        if time.perf_counter() >= until:
-            break
         pinned = best_plan(replace(p, place_pins=pins, seeds=[]), node_cost, until, method,
                            exact_seconds=exact_seconds, extractor=ex, bound=False)
         freed = ex.release(pinned, p.roots, until, p.place_pins, p.ties)
         for cand in (pinned, freed):
             if cand.total_s < best.total_s - EPS:
-                best, origin = cand, families[i].name
+                best, origin = cand, fam.name
     if origin is not None:
         best.notes.append(f"started from the {origin} layout family")
         best.gap = best.exact_status = None  # they were of another plan

@@ -1,0 +1,85 @@
+"""The search invariant: no standard layout family, pinned and completed by shardsat, is cheaper
+than the free plan (shardsat's own cost model). A pinned plan lies inside the free search space;
+a free plan costlier than one means the local search settled in a worse basin.
+
+A fixed-seed slice runs here, over small programs (every family is then tried by the search:
+extract/search.py FAMILY_ALL_NODES); benchmarks/invariant.py runs the sweep over transformer
+steps."""
+
+import jax
+import jax.numpy as jnp
+import optax
+from helpers import assert_equivalent
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import shardsat
+from shardsat.testing import standard_layouts
+
+PROFILE = shardsat.DeviceProfile(flops_per_s=100e12, hbm_bytes_per_s=2e12, link_bytes_per_s=100e9, latency_s=5e-6)
+MESHES = {"8": ((8,), ("data",)), "1x8": ((1, 8), ("data", "model")), "2x4": ((2, 4), ("data", "model")),
+          "4x2": ((4, 2), ("data", "model"))}
+S = jax.ShapeDtypeStruct
+
+
+def mlp_step(layers: int, d: int, h: int, batch: int, opt: str):
+    tx = optax.adam(1e-3) if opt == "adam" else optax.sgd(1e-2, momentum=0.9)
+
+    def loss(p, x):
+        for w1, w2 in p:
+            x = x + jnp.tanh(x @ w1) @ w2
+        return jnp.mean(x ** 2)
+
+    def step(p, s, x):
+        g = jax.grad(loss)(p, x)
+        u, s = tx.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    p = [(S((d, h), jnp.float32), S((h, d), jnp.float32)) for _ in range(layers)]
+    return step, (p, jax.eval_shape(tx.init, p), S((batch, d), jnp.float32))
+
+
+def gnn_step(nodes: int, edges: int, d: int):
+    """Message passing over an edge list (gather, segment_sum), with an SGD update."""
+    def loss(w, x, src, dst):
+        msg = jnp.tanh(x[src] @ w["msg"])
+        agg = jax.ops.segment_sum(msg, dst, num_segments=nodes)
+        return jnp.mean((agg @ w["out"]) ** 2)
+
+    def step(w, x, src, dst):
+        g = jax.grad(loss)(w, x, src, dst)
+        return jax.tree_util.tree_map(lambda a, b: a - 0.1 * b, w, g)
+
+    w = {"msg": S((d, d), jnp.float32), "out": S((d, d), jnp.float32)}
+    return step, (w, S((nodes, d), jnp.float32), S((edges,), jnp.int32), S((edges,), jnp.int32))
+
+
+def assert_no_family_beats_free(step, args, mesh, state):
+    free = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, state_argnums=state)
+    for name, pins in standard_layouts(step, mesh, *args, state_argnums=state).items():
+        pinned = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, state_argnums=state,
+                                               in_shardings=pins)
+        assert free.cost.total_s <= pinned.cost.total_s * (1 + 1e-6), (
+            f"{name} pinned: {pinned.cost.total_s * 1e6:.2f} us, free: {free.cost.total_s * 1e6:.2f} us")
+    return free
+
+
+@settings(max_examples=6, deadline=None)
+@given(layers=st.integers(1, 2), d=st.sampled_from([16, 32, 48]), h=st.sampled_from([64, 96, 256]),
+       batch=st.sampled_from([8, 24, 64]), opt=st.sampled_from(["adam", "momentum"]),
+       mesh=st.sampled_from(sorted(MESHES)), state=st.booleans())
+def test_free_mlp_step_beats_every_pinned_family(layers, d, h, batch, opt, mesh, state):
+    step, args = mlp_step(layers, d, h, batch, opt)
+    m = jax.make_mesh(*MESHES[mesh])
+    assert_no_family_beats_free(step, args, m, (0, 1) if state else None)
+
+
+def test_free_gnn_step_beats_every_pinned_family():
+    step, args = gnn_step(nodes=32, edges=96, d=16)
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    free = assert_no_family_beats_free(step, args, mesh, (0,))
+    k = jax.random.split(jax.random.key(0), 4)
+    real = ({"msg": jax.random.normal(k[0], (16, 16)) * 0.3, "out": jax.random.normal(k[1], (16, 16)) * 0.3},
+            jax.random.normal(k[2], (32, 16)), jax.random.randint(k[3], (96,), 0, 32),
+            jnp.arange(96, dtype=jnp.int32) % 32)
+    assert_equivalent(free, step, *real)
