@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -149,20 +150,11 @@ def saturate_and_extract(
         bad = multihost_problem(multihost)
         if bad:
             raise InvalidArgumentError(f"saturate_and_extract: {bad}")
-
-        def plan_here() -> Plan:
-            if not isinstance(strict, bool):
-                raise InvalidArgumentError(f"strict must be True or False, got {strict!r}.")
-            mode = "error" if strict else fallback or "replicate"
-            check_options(fn, mesh, example_args, profile=profile, limits=limits, fallback=mode, rules=rules,
-                          in_shardings=in_shardings, out_shardings=out_shardings, state_argnums=state_argnums,
-                          memory_limit=memory_limit, extraction=extraction, progress=progress,
-                          fold_loops=fold_loops, cache_dir=cache_dir)
-            req = _Request(fn, mesh, example_args, get_profile(profile, mesh.devices.flat[0].platform),
-                           limits or Limits(), mode, rules, in_shardings, out_shardings, state_argnums,
-                           memory_limit, extraction, progress, fold_loops)
-            return _plan_cached(req, cache_dir)
-
+        plan_here = functools.partial(
+            _plan_checked, fn, mesh, example_args, cache_dir, strict, profile=profile, limits=limits,
+            fallback=fallback, rules=rules, in_shardings=in_shardings, out_shardings=out_shardings,
+            state_argnums=state_argnums, memory_limit=memory_limit, extraction=extraction, progress=progress,
+            fold_loops=fold_loops)
         # several processes: every one of them must reach the exchange, also with an error
         if not spans_processes(mesh):
             return plan_here()
@@ -171,6 +163,20 @@ def saturate_and_extract(
                               lambda text: plan_from_data(json.loads(text), fn, mesh, example_args, rules=rules,
                                                           source="process 0's plan"))
         return agree(plan_here, lambda plan: digest(decisions(plan)))
+
+
+def _plan_checked(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...],
+                  cache_dir: str | os.PathLike[str] | None, strict: Any, *, profile: Any, limits: Any, fallback: Any,
+                  rules: Any, **options: Any) -> Plan:
+    """Check the options (all of them, reported together), then plan or load from cache_dir."""
+    if not isinstance(strict, bool):
+        raise InvalidArgumentError(f"strict must be True or False, got {strict!r}.")
+    mode = "error" if strict else fallback or "replicate"
+    check_options(fn, mesh, example_args, profile=profile, limits=limits, fallback=mode, rules=rules,
+                  cache_dir=cache_dir, **options)
+    req = _Request(fn, mesh, example_args, get_profile(profile, mesh.devices.flat[0].platform), limits or Limits(),
+                   mode, rules, **options)
+    return _plan_cached(req, cache_dir)
 
 
 @contextlib.contextmanager
