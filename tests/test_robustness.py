@@ -194,3 +194,16 @@ def np_shape(x):
     import numpy as np
 
     return np.asarray(x).shape
+
+
+def test_scan_over_an_input_its_body_never_reads(mesh):
+    """A scanned input whose slice the body ignores (an unused per-layer parameter) was looked up
+    for its layout though nothing computes it (KeyError in runtime/lower.py; fuzz seed 150)."""
+    def f(h0, ws, unused):
+        def body(h, xs):
+            w, _ = xs
+            return jnp.tanh(h @ w), None
+        return lax.scan(body, h0, (ws, unused))[0]
+
+    args = (jnp.ones((8, 16)), jnp.linspace(-0.1, 0.1, 3 * 16 * 16).reshape(3, 16, 16), jnp.ones((3, 5)))
+    assert_equivalent(strict_plan(f, mesh, *args), f, *args)
