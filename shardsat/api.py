@@ -26,6 +26,7 @@ from .extract.profile import DeviceProfile, get_profile
 from .extract.result import Extraction
 from .extract.search import (
     EXACT_AUTO_NODES,
+    EXACT_MAX_NODES,
     SEED_CHAIN_NODES,
     MemoryNotMetError,
     Problem,
@@ -163,10 +164,14 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
     arg_pins, out_pins = resolve_pins(program, spaces, in_shardings, out_shardings, program.name)
     tie_pairs = resolve_ties(program, state_argnums, program.name)
     run = EGraphRun(program, spaces)
+    skipped = None  # why the exact integer program did not run, where it was asked for
     try:
         tables, sat = grow(run, fallback=fallback, limits=limits, deadline=deadline, extra=rulesets,
                            on_iteration=lambda it, nodes: shown.update("saturating", f"iteration {it}, {nodes:,} e-nodes"))
         # the integer program needs the resharding e-nodes; the greedy search does not
+        if method == "exact" and sat.nodes > EXACT_MAX_NODES:  # hopeless for the integer program
+            method, skipped = "greedy", (f"not run: {sat.nodes:,} e-nodes (it runs on up to "
+                                         f"{EXACT_MAX_NODES:,}; its relaxation is weak beyond a few thousand)")
         graph = export(run.egraph, reshard=method == "exact")
         if method == "auto" and graph.size <= EXACT_AUTO_NODES:
             graph = export(run.egraph)
@@ -263,7 +268,7 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
         sweeps=extraction.sweeps,
         gap=extraction.gap,
         lower_bound_s=extraction.lower_bound_s,
-        exact_status=extraction.exact_status,
+        exact_status=extraction.exact_status or skipped,
         equations=len(program.equations),
         fallbacks=[str(f) for f in tables.fallbacks],
     )
