@@ -29,6 +29,7 @@ from .extract.profile import DeviceProfile, get_profile
 from .extract.result import Extraction
 from .extract.search import (
     EXACT_AUTO_NODES,
+    EXACT_MAX_NODES,
     SEED_CHAIN_NODES,
     MemoryNotMetError,
     Problem,
@@ -221,7 +222,7 @@ def _plan(req: _Request, prepared: Prepared, start: float, shown: Progress) -> P
     spaces = SpaceTable(MeshAxes.from_mesh(req.mesh))
     arg_pins, out_pins = resolve_pins(program, spaces, req.in_shardings, req.out_shardings, program.name)
     tie_pairs = resolve_ties(program, req.state_argnums, program.name)
-    graph, tables, sat, value_space = _saturate(req, program, spaces, deadline, shown)
+    graph, tables, sat, value_space, skipped = _saturate(req, program, spaces, deadline, shown)
     t1 = time.perf_counter()
     model = CostModel(prof, spaces, tables)
     problem, node_cost, full_roots = _problem(program, graph, spaces, tables, model, value_space, arg_pins,
@@ -233,7 +234,8 @@ def _plan(req: _Request, prepared: Prepared, start: float, shown: Progress) -> P
                                donated_outputs=frozenset(k for _, k in tie_pairs))
 
     shown.update("extracting", f"{graph.num_classes:,} e-classes, {graph.size:,} e-nodes")
-    extraction, memory = _extract(req, problem, node_cost, full_roots, memory_of, limit, deadline, sat)
+    method = "greedy" if skipped else req.extraction
+    extraction, memory = _extract(req, method, problem, node_cost, full_roots, memory_of, limit, deadline, sat)
     t2 = time.perf_counter()
     shown.update("done", f"{extraction.total_s * 1e6:,.1f} us predicted")
     shown.close()
@@ -253,7 +255,7 @@ def _plan(req: _Request, prepared: Prepared, start: float, shown: Progress) -> P
         sweeps=extraction.sweeps,
         gap=extraction.gap,
         lower_bound_s=extraction.lower_bound_s,
-        exact_status=extraction.exact_status,
+        exact_status=extraction.exact_status or skipped,
         equations=len(program.equations),
         fallbacks=[str(f) for f in tables.fallbacks],
     )
@@ -281,15 +283,20 @@ def _plan(req: _Request, prepared: Prepared, start: float, shown: Progress) -> P
 
 
 def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: float,
-              shown: Progress) -> tuple[ExportedGraph, RuleTables, SaturationReport, list[int]]:
-    """The rule tables, the saturated e-graph exported for extraction, and each value's space."""
+              shown: Progress) -> tuple[ExportedGraph, RuleTables, SaturationReport, list[int], str | None]:
+    """The rule tables, the saturated e-graph exported for extraction, each value's space, and
+    why the exact integer program will not run where it was asked for (None if it will)."""
     method = req.extraction
     rulesets = [r for r in req.rules if not isinstance(r, Rewrite)]
     run = EGraphRun(program, spaces)
+    skipped = None  # why the exact integer program did not run, where it was asked for
     try:
         tables, sat = grow(run, fallback=req.fallback, limits=req.limits, deadline=deadline, extra=rulesets,
                            on_iteration=lambda it, nodes: shown.update("saturating", f"iteration {it}, {nodes:,} e-nodes"))
         # the integer program needs the resharding e-nodes; the greedy search does not
+        if method == "exact" and sat.nodes > EXACT_MAX_NODES:  # hopeless for the integer program
+            method, skipped = "greedy", (f"not run: {sat.nodes:,} e-nodes (it runs on up to "
+                                         f"{EXACT_MAX_NODES:,}; its relaxation is weak beyond a few thousand)")
         graph = export(run.egraph, reshard=method == "exact")
         if method == "auto" and graph.size <= EXACT_AUTO_NODES:
             graph = export(run.egraph)
@@ -299,7 +306,7 @@ def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: flo
         run.close()
     if tables.fallbacks:
         warnings.warn(_fallback_message(program.name, tables.fallbacks), FallbackWarning, stacklevel=6)
-    return graph, tables, sat, run.value_space
+    return graph, tables, sat, run.value_space, skipped
 
 
 def _problem(program: Program, graph: ExportedGraph, spaces: SpaceTable, tables: RuleTables, model: CostModel,
@@ -350,11 +357,11 @@ def _weights(program: Program, graph: ExportedGraph) -> np.ndarray:
     return weight
 
 
-def _extract(req: _Request, problem: Problem, node_cost: np.ndarray, full_roots: Callable[[Extraction], Extraction],
+def _extract(req: _Request, method: str, problem: Problem, node_cost: np.ndarray, full_roots: Callable[[Extraction], Extraction],
              memory_of: Callable[[Extraction], MemoryEstimate], limit: int | None, deadline: float,
              sat: SaturationReport) -> tuple[Extraction, MemoryEstimate | None]:
-    """The best plan found, within the memory limit where there is one."""
-    method, limits = req.extraction, req.limits
+    """The best plan found by `method`, within the memory limit where there is one."""
+    limits = req.limits
     try:
         if method not in ("auto", "greedy", "exact"):
             raise InvalidArgumentError(f"extraction must be 'auto', 'greedy' or 'exact', got {method!r}.")
