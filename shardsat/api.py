@@ -329,6 +329,7 @@ def _problem(program: Program, graph: ExportedGraph, spaces: SpaceTable, tables:
         # and where it pays from FSDP + TP (see extract/seeds.py)
         seeds=seeds(program, graph, spaces, tie_pairs, arg_pins,
                     hybrids=graph.size <= SEED_CHAIN_NODES or len(spaces.mesh.active) >= 3),
+        families=families(program, graph, spaces, tie_pairs, arg_pins),
     )
 
     def full_roots(ex: Extraction) -> Extraction:
@@ -367,7 +368,7 @@ def _extract(req: _Request, method: str, problem: Problem, node_cost: np.ndarray
         if method not in ("auto", "greedy", "exact"):
             raise InvalidArgumentError(f"extraction must be 'auto', 'greedy' or 'exact', got {method!r}.")
         extraction = full_roots(best_plan(problem, node_cost, deadline, method, exact_seconds=limits.exact_seconds,
-                                          families=families(program, graph, spaces, tie_pairs, arg_pins)))
+                                          families=problem.families))
         memory = None
         if limit is not None:
             try:

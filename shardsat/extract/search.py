@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -66,6 +66,7 @@ class Problem:
     ties: list[tuple[int, int]]
     seeds: list[dict[int, int]]
     weight: np.ndarray  # per value group: executions per step (scan bodies: iterations)
+    families: list[Family] = field(default_factory=list)  # standard layouts to start from
 
 
 def _reprice(ex: Extraction, cost: np.ndarray) -> Extraction:
