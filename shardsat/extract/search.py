@@ -16,6 +16,7 @@ import numpy as np
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import SpaceTable
 from ..errors import NoPlanError
+from .bound import split_bound
 from .cost import CostModel
 from .exact import solve_exact
 from .families import Family
@@ -48,6 +49,8 @@ PRESSURE = 2.0
 # the standard layout families' completions (_family_starts): all of them on e-graphs up to
 # FAMILY_ALL_NODES, else within FAMILY_SHARE of the time the search took before them
 FAMILY_SHARE = 0.5
+# the split bound (extract/bound.py) costs ~1 s per 100k e-nodes: beyond this, the per-value one alone
+SPLIT_BOUND_NODES = 150_000
 FAMILY_ALL_NODES = 40_000
 
 
@@ -104,7 +107,8 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
     best.explainer = ex.explain
     ex.forget_search()
     if best.gap is None and bound:
-        bound_gap(best, ex.lower_bound(p.roots))
+        split = split_bound(ex, p.roots) if p.graph.size <= SPLIT_BOUND_NODES else 0.0
+        bound_gap(best, max(ex.lower_bound(p.roots), split))
     best.seconds = time.perf_counter() - t0
     return best
 
