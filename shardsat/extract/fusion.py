@@ -1,0 +1,92 @@
+"""Which values XLA materialises in memory, after its fusion passes.
+
+XLA fuses chains of elementwise ops (with broadcasts, reshapes, slices, pads, concatenations
+and transposes) into one kernel that writes only its result: the intermediates never exist as
+buffers. A value is materialised when something cannot read it from inside a fused kernel: a
+contraction, a sort or a collective reads whole buffers; a loop or branch boundary, a program
+output or an in-place update needs one. An expensive elementwise op (exp, log, tanh, divide,
+rsqrt, ...) read by several kernels is computed once and stored, not recomputed in each
+(XLA's `InstructionFusion::IsExpensive`); a cheap one is duplicated into each reader. XLA:CPU
+also keeps a reduction over major dimensions apart from its producer. This table is the memory
+model's view of `xla/service/instruction_fusion.cc` and `cpu/cpu_instruction_fusion.cc`.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from ..egraph.program import Equation
+
+
+class Fuse(IntEnum):
+    CHEAP = 0  # elementwise-like, duplicated into every reader
+    EXPENSIVE = 1  # elementwise but stored when several kernels read it
+    REDUCE = 2  # a fusion root that reads fused producers and writes a (smaller) buffer
+    GATHER = 3  # reads a materialised table; fuses into one reader
+    INPLACE = 4  # updates a buffer in place (scatter, dynamic-update-slice)
+    OPAQUE = 5  # reads and writes whole buffers (dot, conv, sort, collectives, loops)
+
+
+CHEAP = frozenset({
+    "add", "add_any", "sub", "mul", "neg", "max", "min", "select_n", "convert_element_type", "eq",
+    "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "abs", "sign", "floor", "ceil", "round",
+    "is_finite", "copy", "copy_p", "square", "clamp", "nextafter", "shift_left", "shift_right_logical",
+    "shift_right_arithmetic", "population_count", "clz", "reduce_precision", "real", "imag", "conj",
+    "complex", "bitcast_convert_type", "integer_pow", "stop_gradient", "sharding_constraint",
+    "device_put", "reshard", "empty", "empty2", "broadcast_in_dim", "reshape", "squeeze",
+    "expand_dims", "iota", "slice", "pad", "concatenate", "rev", "dynamic_slice", "transpose",
+    "split", "stack", "unstack", "tile", "scan_slice", "sin", "cos", "eq_to", "le_to", "lt_to",
+})
+EXPENSIVE = frozenset({
+    "div", "rem", "exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "cbrt",
+    "pow", "erf", "erfc", "erf_inv", "atan2", "tan", "asin", "acos", "atan", "asinh", "acosh", "atanh",
+    "sinh", "cosh", "lgamma", "digamma", "igamma", "igammac", "bessel_i0e", "bessel_i1e", "polygamma",
+    "zeta", "regularized_incomplete_beta", "random_gamma_grad", "threefry2x32",
+})
+REDUCE = frozenset({
+    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
+    "argmax", "argmin",
+})
+INPLACE = frozenset({"dynamic_update_slice", "scatter", "scatter-add", "scatter_add", "scatter_mul",
+                     "scatter_min", "scatter_max", "scatter_sub", "scatter_apply"})
+# readers that re-read each operand element many times: an expensive producer is stored for them
+REREADS = frozenset({"broadcast_in_dim", "pad", "concatenate", "tile"})
+
+
+def kind(eqn: Equation) -> Fuse:
+    name = eqn.name
+    if name in CHEAP:
+        return Fuse.CHEAP
+    if name in EXPENSIVE:
+        return Fuse.EXPENSIVE
+    if name in REDUCE:
+        return Fuse.REDUCE
+    if name == "gather":
+        return Fuse.GATHER
+    if name in INPLACE or name.startswith("scatter"):
+        return Fuse.INPLACE
+    return Fuse.OPAQUE
+
+
+def reads_whole(eqn: Equation, pos: int, rank: int) -> bool:
+    """Does this reader need its operand `pos` (of rank `rank`) materialised, unable to fuse its
+    producer?"""
+    k = kind(eqn)
+    if k == Fuse.OPAQUE:
+        return True
+    if k in (Fuse.INPLACE, Fuse.GATHER):  # the updated buffer, the table; updates and indices fuse
+        return pos == 0
+    if k == Fuse.REDUCE:  # XLA:CPU fuses producers into reductions of the minor dimension only
+        return rank > 0 and (rank - 1) not in tuple(eqn.params.get("axes", ()))
+    return False
+
+
+def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: bool) -> bool:
+    """Is the result of `eqn` a buffer? `readers`: the equations that read it; `whole_read`: one
+    of them cannot fuse it; `boundary`: it leaves the program or crosses a region boundary."""
+    k = kind(eqn)
+    if boundary or whole_read or k in (Fuse.REDUCE, Fuse.INPLACE, Fuse.OPAQUE) or not readers:
+        return True
+    if k in (Fuse.EXPENSIVE, Fuse.GATHER):
+        return len({id(r) for r in readers}) > 1 or any(r.name in REREADS for r in readers)
+    return False

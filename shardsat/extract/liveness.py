@@ -1,0 +1,331 @@
+"""The peak of temporary buffers XLA allocates for a plan: liveness of the buffers the plan
+materialises (see fusion.py), in the order the runtime traces the program.
+
+XLA's memory analysis splits a program's memory into arguments, outputs (their own buffers,
+whole from the start: a donated argument's buffer holds the output written into it) and temps:
+every other buffer, packed by its heap simulator. Temps here are the materialised results of
+equations, the per-layout copies a plan's collectives make (an all-gathered weight lives from
+its first reader to its last, forward and backward alike), and the full-size buffer of a
+reduce-scatter that XLA:CPU runs as an all-reduce and a slice. A fused value is read where its
+fused readers run: its own operands stay live until then.
+
+Loops run their body once per iteration on the same buffers, so a body's temps count once,
+while stacked outputs and final carries are allocated when the loop starts. A branch runs alone:
+the other branches' temps are never live with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..egraph.export import ExportedGraph, NodeKind
+from ..egraph.layout import SpaceTable
+from ..egraph.program import Equation, Literal, Program
+from . import fusion
+from .result import Extraction, GroupChoice
+
+Key = int  # a value group, or -1 - v for a folded loop member v (each repeat's own array)
+Buf = tuple[Key, int]  # (key, layout)
+
+
+@dataclass
+class Peak:
+    bytes: int
+    time: int  # position in the execution order
+    live: list[tuple[Buf, int]]  # buffers live at the peak and their sizes (largest first)
+
+
+class Timeline:
+    """What of a program's liveness does not depend on the plan: the execution order, who reads
+    what, which results XLA keeps whole. Built once per planned program; `peak` runs per plan."""
+
+    def __init__(self, program: Program, graph: ExportedGraph, spaces: SpaceTable) -> None:
+        self.program = program
+        self.graph = graph
+        self.spaces = spaces
+        self.seq = execution_order(program)
+        self._keys()
+        self._regions()
+        self._static_stored()
+
+    # -- static structure ---------------------------------------------------------------------
+    def key(self, v: int) -> Key | None:
+        prog = self.program
+        if v in prog.aliases:
+            return -1 - v
+        return self.graph.value_group.get(prog.alias(v))
+
+    def _keys(self) -> None:
+        """Per position: the output keys it is the first to compute (later equal equations do not
+        run: the e-graph merged them), and every key's representative value."""
+        self.rep: dict[Key, int] = {}
+        self.first: list[list[Key]] = []
+        for e in self.seq:
+            mine = []
+            for o in e.outputs:
+                k = self.key(o)
+                if k is not None and k not in self.rep:
+                    self.rep[k] = o
+                    mine.append(k)
+            self.first.append(mine)
+        for v in self.program.args + self.program.const_values:
+            k = self.key(v)
+            if k is not None:
+                self.rep.setdefault(k, v)
+
+    def _regions(self) -> None:
+        """Loop regions (real scans and while loops) and when each starts; carry inputs read the
+        loop's state, which is the final carry's buffer."""
+        prog = self.program
+        self.start: dict[int, int] = {}
+        for t, e in enumerate(self.seq):
+            r = e.region
+            while r is not None:
+                self.start.setdefault(r, t)
+                r = prog.scans[r].parent
+        self.redirect: dict[Key, Key] = {}
+        for reg in prog.scans:
+            if reg.folded or reg.kind not in ("scan", "while"):
+                continue
+            for cin, fin in zip(reg.carry_in, reg.final, strict=True):
+                kc, kf = self.key(cin), self.key(fin)
+                if kc is not None and kf is not None and kc != kf:
+                    self.redirect[kc] = kf
+                    self.rep.setdefault(kc, cin)
+
+    def birth_time(self, t: int) -> int:
+        """A loop's stacked outputs and final carries exist from the loop's start."""
+        e = self.seq[t]
+        if e.name in ("scan_final", "scan_stack"):
+            return self.start.get(e.params["scan"], t)
+        if e.name == "cond_merge":
+            return min((self.start.get(r, t) for r in e.params["cond"]), default=t)
+        return t
+
+    def _static_stored(self) -> None:
+        """Which keys XLA keeps as buffers whatever the layouts (fusion.stored)."""
+        prog = self.program
+        readers: dict[Key, list[Equation]] = {}
+        whole: set[Key] = set()
+        for e in self.seq:
+            if e.name == "cond_merge":
+                continue  # a branch writes its results into the conditional's buffer
+            for pos, a in enumerate(e.inputs):
+                if isinstance(a, Literal):
+                    continue
+                k = self.key(a)
+                if k is None:
+                    continue
+                readers.setdefault(k, []).append(e)
+                if fusion.reads_whole(e, pos, len(prog.values[a].shape)):
+                    whole.add(k)
+        boundary: set[Key] = set()
+        for o in prog.outputs:
+            if isinstance(o, int) and self.key(o) is not None:
+                boundary.add(self.key(o))  # type: ignore[arg-type]
+        for reg in prog.scans:
+            if reg.folded:
+                continue
+            for a in [*reg.init, *reg.carry_out, *reg.xs, *reg.ys, *reg.outs, reg.pred, *reg.extra_reads]:
+                if isinstance(a, int) and self.key(a) is not None:
+                    boundary.add(self.key(a))  # type: ignore[arg-type]
+        self.stored: dict[Key, bool] = {}
+        for t, e in enumerate(self.seq):
+            for k in self.first[t]:
+                self.stored[k] = fusion.stored(e, readers.get(k, []), k in whole, k in boundary)
+        self.readers_whole = whole
+
+    # -- per plan -----------------------------------------------------------------------------
+    def operand_layouts(self, t: int, ch: dict[int, GroupChoice]) -> list[int | None]:
+        """The layout each non-literal operand of the equation at `t` is read in, by the plan."""
+        e = self.seq[t]
+        for o in e.outputs:
+            grp = self.graph.value_group.get(self.program.alias(o))
+            if grp in ch:
+                node = ch[grp].node
+                if NodeKind(int(self.graph.node_kind[node])) == NodeKind.LOCAL:
+                    kids = self.graph.children(node)
+                    return [int(self.graph.class_layout[c]) for c in kids]
+        return []
+
+    def size(self, k: Key, lid: int) -> int:
+        v = self.program.values[self.rep[k]]
+        return self.spaces.shard_bytes(self.spaces.space(v.shape, v.dtype), lid)
+
+
+def execution_order(program: Program) -> list[Equation]:
+    """The equations as the runtime runs them: a folded loop's body is replayed once per repeat,
+    as that repeat's original equations (on its own arrays)."""
+    bodies: dict[int, list[int]] = {}
+    for eqn in program.equations:
+        if eqn.region is not None and program.scans[eqn.region].folded:
+            bodies.setdefault(eqn.region, []).append(eqn.index)
+    out: list[Equation] = []
+    for eqn in program.equations:
+        s = eqn.region
+        if s is None or s not in bodies:
+            out.append(eqn)
+            continue
+        if eqn.index != bodies[s][0]:
+            continue
+        reg = program.scans[s]
+        for j in range(reg.length):
+            for t in bodies[s]:
+                out.append(reg.replay[t][j])
+    return out
+
+
+class PlanLiveness:
+    """One plan's buffers on a Timeline: when each is made and last read."""
+
+    def __init__(self, tl: Timeline, ex: Extraction, excluded: set[Buf]) -> None:
+        self.tl = tl
+        self.ex = ex
+        self.ch = ex.choices
+        self.excluded = excluded  # argument, constant and output buffers: not temps
+        self.produced: dict[Key, int] = {}
+        self.step_to: dict[Buf, object] = {}
+        for k, v in tl.rep.items():
+            grp = tl.graph.value_group.get(tl.program.alias(v))
+            c = self.ch.get(grp) if grp is not None else None
+            if c is not None:
+                self.produced[k] = c.layout
+                for s in c.steps:
+                    self.step_to[(k, s.dst)] = s
+        for kc, kf in tl.redirect.items():
+            if kf in self.produced:
+                self.produced[kc] = self.produced[kf]
+        self.born: dict[Buf, int] = {}
+        self.last: dict[Buf, int] = {}
+        self.ev: dict[Key, tuple[int, int]] = {}  # a fused value: (first, last) time its readers run
+        self.transient: list[tuple[int, int]] = []  # (time, bytes) of buffers live one instant
+
+    def run(self) -> None:
+        tl = self.tl
+        reads = self._reads()
+        self._stored(reads)
+        for t in range(len(tl.seq) - 1, -1, -1):
+            outs = [k for k in tl.first[t] if k in self.produced]
+            if not outs and not (tl.seq[t].effects and not tl.seq[t].outputs):
+                continue
+            if not outs or any(self.stored[k] for k in outs):
+                lo = hi = t
+            else:
+                spans = [self.ev[k] for k in outs if k in self.ev]
+                if not spans:
+                    continue  # read by nothing
+                lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
+            for k in outs:
+                self.born[(k, self.produced[k])] = tl.birth_time(t)
+            for ka, lid, whole in reads[t]:
+                self.read(ka, lid, lo, hi, whole)
+        self._init_reads()
+        self._views()
+
+    def _reads(self) -> list[list[tuple[Key, int | None, bool]]]:
+        tl, prog = self.tl, self.tl.program
+        out: list[list[tuple[Key, int | None, bool]]] = []
+        for t, e in enumerate(tl.seq):
+            row: list[tuple[Key, int | None, bool]] = []
+            if any(k in self.produced for k in tl.first[t]) or (e.effects and not e.outputs):
+                lids = iter(tl.operand_layouts(t, self.ch))
+                for pos, a in enumerate(e.inputs):
+                    if isinstance(a, Literal):
+                        continue
+                    lid = next(lids, None)
+                    k = tl.key(a)
+                    if k is None or (e.name == "cond_merge" and pos > 0):
+                        continue
+                    k = tl.redirect.get(k, k)
+                    row.append((k, lid, fusion.reads_whole(e, pos, len(prog.values[a].shape))))
+            out.append(row)
+        return out
+
+    def _stored(self, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
+        """The static choice, plus: a value a collective reads is a buffer; so is a slice a
+        contraction reads."""
+        self.stored = dict(self.tl.stored)
+        self.view_whole: set[Buf] = set()
+        for row in reads:
+            for k, lid, whole in row:
+                if whole and lid is not None:
+                    self.view_whole.add((k, lid))
+        for (k, _), s in self.step_to.items():
+            if s.src == self.produced.get(k) and (s.kind != NodeKind.DYN_SLICE or (k, s.dst) in self.view_whole):
+                self.stored[k] = True
+
+    def read(self, k: Key, lid: int | None, lo: int, hi: int, whole: bool) -> None:
+        p = self.produced.get(k)
+        if p is None:
+            return
+        if lid is None or lid == p:
+            if self.stored.get(k, True):
+                b = (k, p)
+                self.last[b] = max(self.last.get(b, hi), hi)
+            else:
+                first, last = self.ev.get(k, (lo, hi))
+                self.ev[k] = (min(first, lo), max(last, hi))
+            return
+        s = self.step_to.get((k, lid))
+        if s is None:
+            return
+        if s.kind == NodeKind.DYN_SLICE and not whole:  # the slice fuses into its reader
+            self.read(k, s.src, lo, hi, whole)
+            return
+        b = (k, lid)
+        self.born[b] = min(self.born.get(b, lo), lo)
+        self.last[b] = max(self.last.get(b, hi), hi)
+
+    def _init_reads(self) -> None:
+        """A loop reads its initial carry when it starts, in the carry's layout."""
+        tl, prog = self.tl, self.tl.program
+        for reg in prog.scans:
+            if reg.folded or reg.kind not in ("scan", "while") or reg.index not in tl.start:
+                continue
+            t = tl.start[reg.index]
+            for cin, a in zip(reg.carry_in, reg.init, strict=True):
+                if isinstance(a, int) and tl.key(a) is not None:
+                    self.read(tl.key(a), self.ex.carry_layouts.get(cin), t, t, True)  # type: ignore[arg-type]
+
+    def _views(self) -> None:
+        """Each view is made from its source when first needed: deepest first, so a source's
+        last read includes making every view below it. A reduce-scatter on XLA:CPU is an
+        all-reduce of the whole buffer and a slice: the whole buffer lives for an instant."""
+        def depth(b: Buf) -> int:
+            d, s = 0, self.step_to.get(b)
+            while s is not None and d < 64:
+                d += 1
+                s = self.step_to.get((b[0], s.src))  # type: ignore[attr-defined]
+            return d
+
+        views = sorted((b for b in self.born if b in self.step_to), key=depth, reverse=True)
+        for b in views:
+            s = self.step_to[b]
+            t = self.born[b]
+            self.read(b[0], s.src, t, t, True)  # type: ignore[attr-defined]
+            if s.kind == NodeKind.REDUCE_SCATTER:  # type: ignore[attr-defined]
+                self.transient.append((t, self.tl.size(b[0], s.src)))  # type: ignore[attr-defined]
+
+    def peak(self) -> Peak:
+        events: list[tuple[int, int, Buf | None]] = []
+        for b, t in self.born.items():
+            if b in self.excluded:
+                continue
+            size = self.tl.size(*b)
+            events.append((t, size, b))
+            events.append((self.last.get(b, t) + 1, -size, b))
+        for t, size in self.transient:
+            events.append((t, size, None))
+            events.append((t + 1, -size, None))
+        events.sort(key=lambda x: (x[0], x[1]))
+        live = best = best_t = 0
+        for t, d, _ in events:
+            live += d
+            if live > best:
+                best, best_t = live, t
+        at = [(b, self.tl.size(*b)) for b, t in self.born.items()
+              if b not in self.excluded and t <= best_t <= self.last.get(b, t)]
+        return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))
+
+
+__all__ = ["Peak", "PlanLiveness", "Timeline", "execution_order"]
