@@ -3,6 +3,7 @@
     plan = shardsat.saturate_and_extract(fn, mesh, *example_args)
     out = plan.jit()(*args)
     print(plan.explain())
+    plan.save("plan.json"); plan = shardsat.load_plan("plan.json", fn, mesh, *example_args)
 """
 
 from .api import saturate_and_extract
@@ -14,6 +15,7 @@ from .errors import (
     InvalidSignatureError,
     MemoryLimitWarning,
     NoPlanError,
+    SavedPlanMismatch,
     ShardsatError,
     UnsupportedPrimitiveError,
 )
@@ -21,6 +23,7 @@ from .extract.profile import PRESETS, DeviceProfile
 from .limits import Limits, StopReason
 from .rules.user import SignatureRule, register_signature
 from .runtime.plan import Collective, Plan, PlanCost, Report
+from .saved import load_plan
 
 __all__ = [
     "PRESETS",
@@ -37,10 +40,12 @@ __all__ = [
     "PlanCost",
     "Report",
     "Rewrite",
+    "SavedPlanMismatch",
     "ShardsatError",
     "SignatureRule",
     "StopReason",
     "UnsupportedPrimitiveError",
+    "load_plan",
     "register_signature",
     "saturate_and_extract",
 ]

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import json
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from egglog import Ruleset
 from jax.sharding import Mesh
 
-from .egraph.export import export
-from .egraph.fold import fold
-from .egraph.layout import MeshAxes, SpaceTable, auto_mesh
-from .egraph.program import Literal, Program, trace
-from .egraph.rewrite import Rewrite, apply_rewrites
-from .egraph.run import EGraphRun
+from .egraph.export import ExportedGraph, export
+from .egraph.layout import MeshAxes, SpaceTable
+from .egraph.program import Literal, Program
+from .egraph.rewrite import Rewrite
+from .egraph.run import EGraphRun, SaturationReport
 from .errors import FallbackWarning, InvalidArgumentError, InvalidMeshError, MemoryLimitWarning, NoPlanError
 from .extract.cost import CostModel
 from .extract.memory import MemoryEstimate, estimate_memory
@@ -26,6 +29,7 @@ from .extract.profile import DeviceProfile, get_profile
 from .extract.result import Extraction
 from .extract.search import (
     EXACT_AUTO_NODES,
+    EXACT_MAX_NODES,
     SEED_CHAIN_NODES,
     MemoryNotMetError,
     Problem,
@@ -36,25 +40,44 @@ from .extract.seeds import seeds
 from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
 from .options import FALLBACKS as FALLBACKS  # re-exported: it was defined here
-from .options import check_options, memory_limit_problem
+from .options import check_options, memory_limit_problem, multihost_problem
 from .pins import resolve_pins, resolve_ties
+from .prepare import FOLD_AUTO_EQUATIONS as FOLD_AUTO_EQUATIONS  # re-exported: it was defined here
+from .prepare import Prepared, prepare
+from .prepare import fold_threshold as fold_threshold
 from .progress import Progress
-from .rules.apply import Fallback, grow
+from .rules.apply import Fallback, RuleTables, grow
+from .runtime.jsonout import to_json
+from .runtime.multihost import agree, share_plan, spans_processes
 from .runtime.plan import Plan, Report
-
-# Folding trades a little plan freedom (every repeat takes the same layouts, the loop's edges
-# take the body's) for planning time independent of depth: worth it for deep programs only. The
-# threshold is for a mesh of two axes (more than one device on each); each further axis about
-# quadruples the layouts a value may take and doubles the e-graph per equation, so it halves per
-# axis. (A 12-layer GPT step on 8 devices in a row: 1585 us planned unfolded in ~9 s, 1673 us
-# folded in ~4 s; on 2x4, 4 layers unfolded take ~8 s.)
-FOLD_AUTO_EQUATIONS = 3000
+from .runtime.record import Origin, decisions, digest
+from .saved import cache_key, cache_path, load_cached, plan_from_data, save_cached
 
 
-def fold_threshold(mesh: Mesh) -> int:
-    """Equations from which a program's loops are folded by default, for this mesh."""
-    active = sum(1 for n in mesh.devices.shape if n > 1)
-    return int(FOLD_AUTO_EQUATIONS * 2.0 ** (2 - active))
+@dataclass(frozen=True)
+class _Request:
+    """saturate_and_extract's arguments, checked, with the profile resolved."""
+
+    fn: Callable[..., Any]
+    mesh: Mesh
+    example_args: tuple[Any, ...]
+    profile: DeviceProfile
+    limits: Limits
+    fallback: str
+    rules: Sequence[Ruleset | Rewrite]
+    in_shardings: Any
+    out_shardings: Any
+    state_argnums: Any
+    memory_limit: int | str | None
+    extraction: str
+    progress: bool | None
+    fold_loops: bool | None
+
+    def cache_key(self, prepared: Prepared) -> str:
+        return cache_key(prepared.fingerprint.digest, self.mesh, self.profile, limits=self.limits,
+                         fallback=self.fallback, rules=self.rules, in_shardings=self.in_shardings,
+                         out_shardings=self.out_shardings, state_argnums=self.state_argnums,
+                         memory_limit=self.memory_limit, extraction=self.extraction, fold_loops=self.fold_loops)
 
 
 def saturate_and_extract(
@@ -73,12 +96,15 @@ def saturate_and_extract(
     progress: bool | None = None,
     fold_loops: bool | None = None,
     strict: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    multihost: str = "check",
 ) -> Plan:
     """Plan how to shard `fn(*example_args)` over `mesh`.
 
     example_args: arrays or `jax.ShapeDtypeStruct`s, any pytrees (what `fn` will be called with).
-    profile: a DeviceProfile or a preset name ("h100", "h200", "tpu_v5e", "cpu"); by default the
-      preset of the mesh's platform.
+    profile: a DeviceProfile, a preset name ("h100", "h200", "tpu_v5e", "cpu") or the path of a
+      profile saved as JSON (`DeviceProfile.calibrate(mesh).save(path)`); by default the preset of
+      the mesh's platform.
     limits: bounds on the search (`shardsat.Limits`); the plan's report says which one stopped it.
     fallback: "replicate" (the default) keeps an equation no sharding rule applies to replicated:
       the plan lists it (`plan.report.fallbacks`, `plan.explain()`) and a
@@ -108,13 +134,50 @@ def saturate_and_extract(
       them as one (see egraph/fold.py); False plans and runs every repeat separately; None (the
       default) folds programs of fold_threshold(mesh) equations or more (3000 on a mesh of two
       axes, twice that on one, half on three).
+    cache_dir: a folder of saved plans: a plan saved there for the same program, mesh, profile
+      and options is loaded (no saturation, no extraction; `plan.report.loaded_from` says so),
+      else the new plan is saved there (`plan.save`).
+    multihost: on a mesh whose devices span several processes (`jax.distributed`): "check" (the
+      default) plans in every process and compares the plans' fingerprints, raising a
+      ShardsatError if they differ (instead of running different programs, which hangs); "share"
+      plans in process 0 only and the others load its plan. Every process must call this.
     """
     with _collector_paused():
-        if not isinstance(strict, bool):
-            raise InvalidArgumentError(f"strict must be True or False, got {strict!r}.")
-        mode = "error" if strict else fallback or "replicate"
-        return _plan(fn, mesh, example_args, profile, limits, mode, rules, in_shardings, out_shardings,
-                     state_argnums, memory_limit, extraction, progress, fold_loops)
+        if not isinstance(mesh, Mesh):
+            raise InvalidMeshError(
+                f"saturate_and_extract needs a jax.sharding.Mesh, got {type(mesh).__name__}. "
+                "Consider jax.make_mesh((2, 4), ('data', 'model'))."
+            )
+        bad = multihost_problem(multihost)
+        if bad:
+            raise InvalidArgumentError(f"saturate_and_extract: {bad}")
+        plan_here = functools.partial(
+            _plan_checked, fn, mesh, example_args, cache_dir, strict, profile=profile, limits=limits,
+            fallback=fallback, rules=rules, in_shardings=in_shardings, out_shardings=out_shardings,
+            state_argnums=state_argnums, memory_limit=memory_limit, extraction=extraction, progress=progress,
+            fold_loops=fold_loops)
+        # several processes: every one of them must reach the exchange, also with an error
+        if not spans_processes(mesh):
+            return plan_here()
+        if multihost == "share":
+            return share_plan(plan_here, to_json,
+                              lambda text: plan_from_data(json.loads(text), fn, mesh, example_args, rules=rules,
+                                                          source="process 0's plan"))
+        return agree(plan_here, lambda plan: digest(decisions(plan)))
+
+
+def _plan_checked(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...],
+                  cache_dir: str | os.PathLike[str] | None, strict: Any, *, profile: Any, limits: Any, fallback: Any,
+                  rules: Any, **options: Any) -> Plan:
+    """Check the options (all of them, reported together), then plan or load from cache_dir."""
+    if not isinstance(strict, bool):
+        raise InvalidArgumentError(f"strict must be True or False, got {strict!r}.")
+    mode = "error" if strict else fallback or "replicate"
+    check_options(fn, mesh, example_args, profile=profile, limits=limits, fallback=mode, rules=rules,
+                  cache_dir=cache_dir, **options)
+    req = _Request(fn, mesh, example_args, get_profile(profile, mesh.devices.flat[0].platform), limits or Limits(),
+                   mode, rules, **options)
+    return _plan_cached(req, cache_dir)
 
 
 @contextlib.contextmanager
@@ -131,42 +194,109 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], profile: DeviceProfile | str | None,
-          limits: Limits | None, fallback: str, rules: Sequence[Ruleset | Rewrite], in_shardings: Any,
-          out_shardings: Any, state_argnums: Any, memory_limit: int | str | None, extraction: str,
-          progress: bool | None, fold_loops: bool | None) -> Plan:
-    if not isinstance(mesh, Mesh):
-        raise InvalidMeshError(
-            f"saturate_and_extract needs a jax.sharding.Mesh, got {type(mesh).__name__}. "
-            "Consider jax.make_mesh((2, 4), ('data', 'model'))."
-        )
-    check_options(fn, mesh, example_args, profile=profile, limits=limits, fallback=fallback, rules=rules,
-                  in_shardings=in_shardings, out_shardings=out_shardings, state_argnums=state_argnums,
-                  memory_limit=memory_limit, extraction=extraction, progress=progress, fold_loops=fold_loops)
-    limits = limits or Limits()
-    method = extraction
-    platform = mesh.devices.flat[0].platform
-    prof = get_profile(profile, platform)
-    limit = _memory_limit(memory_limit, prof)
+def _plan_cached(req: _Request, cache_dir: str | os.PathLike[str] | None) -> Plan:
+    """Trace, then load the plan saved in `cache_dir` for this program and these options, or
+    plan (and save the plan there)."""
     start = time.perf_counter()
+    shown = Progress(req.progress)
+    prepared = prepare(req.fn, req.mesh, req.example_args, req.rules, req.fold_loops,
+                       on_traced=lambda n: shown.update("traced", f"{n} equations"))
+    if cache_dir is None:
+        return _plan(req, prepared, start, shown)
+    key = req.cache_key(prepared)
+    path = cache_path(cache_dir, prepared.program.name, key)
+    loaded = load_cached(path, req.fn, req.mesh, req.example_args, prepared, req.rules)
+    if loaded is not None:
+        shown.close()
+        return loaded
+    plan = _plan(req, prepared, start, shown)
+    plan.origin = replace(plan.origin, options_key=key)  # type: ignore[arg-type]
+    save_cached(plan, path)
+    return plan
+
+
+def _plan(req: _Request, prepared: Prepared, start: float, shown: Progress) -> Plan:
+    limits, prof, program = req.limits, req.profile, prepared.program
+    limit = _memory_limit(req.memory_limit, prof)
     deadline = start + limits.seconds
-    shown = Progress(progress)
-    program = trace(fn, example_args, auto_mesh(mesh))
-    rewrites = [r for r in rules if isinstance(r, Rewrite)]
-    rulesets = [r for r in rules if not isinstance(r, Rewrite)]
-    program = apply_rewrites(program, rewrites)
-    if fold_loops or (fold_loops is None and len(program.equations) >= fold_threshold(mesh)):
-        program = fold(program)
-    shown.update("traced", f"{len(program.equations)} equations")
-    t_trace = time.perf_counter() - start
-    spaces = SpaceTable(MeshAxes.from_mesh(mesh))
-    arg_pins, out_pins = resolve_pins(program, spaces, in_shardings, out_shardings, program.name)
-    tie_pairs = resolve_ties(program, state_argnums, program.name)
+    spaces = SpaceTable(MeshAxes.from_mesh(req.mesh))
+    arg_pins, out_pins = resolve_pins(program, spaces, req.in_shardings, req.out_shardings, program.name)
+    tie_pairs = resolve_ties(program, req.state_argnums, program.name)
+    graph, tables, sat, value_space, skipped = _saturate(req, program, spaces, deadline, shown)
+    t1 = time.perf_counter()
+    model = CostModel(prof, spaces, tables)
+    problem, node_cost, full_roots = _problem(program, graph, spaces, tables, model, value_space, arg_pins,
+                                              out_pins, tie_pairs)
+
+    def memory_of(ex: Extraction) -> MemoryEstimate:
+        return estimate_memory(program, graph, spaces, full_roots(ex),
+                               state_args=frozenset(a for a, _ in tie_pairs),
+                               donated_outputs=frozenset(k for _, k in tie_pairs))
+
+    shown.update("extracting", f"{graph.num_classes:,} e-classes, {graph.size:,} e-nodes")
+    method = "greedy" if skipped else req.extraction
+    extraction, memory = _extract(req, method, problem, node_cost, full_roots, memory_of, limit, deadline, sat)
+    t2 = time.perf_counter()
+    shown.update("done", f"{extraction.total_s * 1e6:,.1f} us predicted")
+    shown.close()
+    stop = sat.stop_reason
+    if time.perf_counter() > deadline and stop == StopReason.SATURATED:
+        stop = StopReason.TIME_LIMIT
+    report = Report(
+        e_classes=graph.num_classes,
+        e_nodes=sat.nodes,
+        iterations=sat.iterations,
+        saturation_s=sat.seconds,
+        extraction_s=t2 - t1,
+        stop_reason=stop,
+        trace_s=prepared.trace_s,
+        rules_s=sat.load_seconds,
+        method=extraction.method,
+        sweeps=extraction.sweeps,
+        gap=extraction.gap,
+        lower_bound_s=extraction.lower_bound_s,
+        exact_status=extraction.exact_status or skipped,
+        equations=len(program.equations),
+        fallbacks=[str(f) for f in tables.fallbacks],
+    )
+    plan = Plan(
+        fn=req.fn,
+        program=program,
+        mesh=req.mesh,
+        spaces=spaces,
+        tables=tables,
+        graph=graph,
+        extraction=extraction,
+        profile=prof,
+        report=report,
+        model=model,
+        arg_pins=arg_pins,
+        ties=tie_pairs,
+        state_argnums=_argnums_of(program, [a for a, _ in tie_pairs]),
+        memory=memory,
+        origin=Origin(prepared.fingerprint, prepared.folded, prepared.rewrites),
+    )
+    if limit is not None and plan.cost.memory is not None:
+        report.memory_limit = limit
+        report.memory_headroom = limit - plan.cost.memory.total
+    return plan
+
+
+def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: float,
+              shown: Progress) -> tuple[ExportedGraph, RuleTables, SaturationReport, list[int], str | None]:
+    """The rule tables, the saturated e-graph exported for extraction, each value's space, and
+    why the exact integer program will not run where it was asked for (None if it will)."""
+    method = req.extraction
+    rulesets = [r for r in req.rules if not isinstance(r, Rewrite)]
     run = EGraphRun(program, spaces)
+    skipped = None  # why the exact integer program did not run, where it was asked for
     try:
-        tables, sat = grow(run, fallback=fallback, limits=limits, deadline=deadline, extra=rulesets,
+        tables, sat = grow(run, fallback=req.fallback, limits=req.limits, deadline=deadline, extra=rulesets,
                            on_iteration=lambda it, nodes: shown.update("saturating", f"iteration {it}, {nodes:,} e-nodes"))
         # the integer program needs the resharding e-nodes; the greedy search does not
+        if method == "exact" and sat.nodes > EXACT_MAX_NODES:  # hopeless for the integer program
+            method, skipped = "greedy", (f"not run: {sat.nodes:,} e-nodes (it runs on up to "
+                                         f"{EXACT_MAX_NODES:,}; its relaxation is weak beyond a few thousand)")
         graph = export(run.egraph, reshard=method == "exact")
         if method == "auto" and graph.size <= EXACT_AUTO_NODES:
             graph = export(run.egraph)
@@ -175,27 +305,21 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
     finally:
         run.close()
     if tables.fallbacks:
-        warnings.warn(_fallback_message(program.name, tables.fallbacks), FallbackWarning, stacklevel=3)
-    t1 = time.perf_counter()
-    model = CostModel(prof, spaces, tables)
+        warnings.warn(_fallback_message(program.name, tables.fallbacks), FallbackWarning, stacklevel=6)
+    return graph, tables, sat, run.value_space, skipped
+
+
+def _problem(program: Program, graph: ExportedGraph, spaces: SpaceTable, tables: RuleTables, model: CostModel,
+             value_space: list[int], arg_pins: dict[int, frozenset[int]], out_pins: dict[int, frozenset[int]],
+             tie_pairs: list[tuple[int, int]]) -> tuple[Problem, np.ndarray, Callable[[Extraction], Extraction]]:
+    """What extraction solves: the priced e-graph, its roots, pins, ties and starting points;
+    and the function that completes an extraction's root layouts to one per program output."""
     combinable = combinable_groups(program, graph)
-    # a scan body's values run once per iteration, and a folded loop's per-layer inputs of one
-    # role stand for that many arrays: weight their nodes accordingly
-    weight = np.ones(graph.num_groups)
-    stand_for: dict[int, int] = {}
-    for a in program.aliases:  # a representative counts itself only if it is a real array
-        rep = program.alias(a)
-        if program.is_loop_invariant(rep):
-            continue  # every repeat computes the same array
-        stand_for[rep] = stand_for.get(rep, 0 if program.is_folded_body(rep) else 1) + 1
-    for grp, vids in enumerate(graph.group_values):
-        if vids:
-            weight[grp] = max(max(program.value_multiplicity(v), stand_for.get(v, 1))
-                              for v in vids)
-    node_cost = model.node_costs(graph, run.value_space, combinable) * weight[graph.class_group[graph.node_class]]
+    weight = _weights(program, graph)
+    node_cost = model.node_costs(graph, value_space, combinable) * weight[graph.class_group[graph.node_class]]
     roots, n_out_roots, tie_list, carry_root = _roots(program, graph, spaces, out_pins, tie_pairs)
     problem = Problem(
-        graph=graph, node_cost=node_cost, value_space=run.value_space, spaces=spaces, edges=tables.edges,
+        graph=graph, node_cost=node_cost, value_space=value_space, spaces=spaces, edges=tables.edges,
         model=model, combinable=combinable, describe=lambda grp: describe_group(program, graph, grp),
         roots=roots, place_pins={graph.value_group[program.args[pos]]: lay for pos, lay in arg_pins.items()},
         ties=tie_list,
@@ -213,12 +337,31 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
             ex.root_layouts = [None if isinstance(o, Literal) else next(it) for o in program.outputs]
         return ex
 
-    def memory_of(ex: Extraction) -> MemoryEstimate:
-        return estimate_memory(program, graph, spaces, full_roots(ex),
-                               state_args=frozenset(a for a, _ in tie_pairs),
-                               donated_outputs=frozenset(k for _, k in tie_pairs))
+    return problem, node_cost, full_roots
 
-    shown.update("extracting", f"{graph.num_classes:,} e-classes, {graph.size:,} e-nodes")
+
+def _weights(program: Program, graph: ExportedGraph) -> np.ndarray:
+    """Executions per step of each value group: a scan body's values run once per iteration, and
+    a folded loop's per-layer inputs of one role stand for that many arrays."""
+    weight = np.ones(graph.num_groups)
+    stand_for: dict[int, int] = {}
+    for a in program.aliases:  # a representative counts itself only if it is a real array
+        rep = program.alias(a)
+        if program.is_loop_invariant(rep):
+            continue  # every repeat computes the same array
+        stand_for[rep] = stand_for.get(rep, 0 if program.is_folded_body(rep) else 1) + 1
+    for grp, vids in enumerate(graph.group_values):
+        if vids:
+            weight[grp] = max(max(program.value_multiplicity(v), stand_for.get(v, 1))
+                              for v in vids)
+    return weight
+
+
+def _extract(req: _Request, method: str, problem: Problem, node_cost: np.ndarray, full_roots: Callable[[Extraction], Extraction],
+             memory_of: Callable[[Extraction], MemoryEstimate], limit: int | None, deadline: float,
+             sat: SaturationReport) -> tuple[Extraction, MemoryEstimate | None]:
+    """The best plan found by `method`, within the memory limit where there is one."""
+    limits = req.limits
     try:
         if method not in ("auto", "greedy", "exact"):
             raise InvalidArgumentError(f"extraction must be 'auto', 'greedy' or 'exact', got {method!r}.")
@@ -228,13 +371,13 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
             try:
                 extraction, memory = fit_memory(problem, extraction, limit, memory_of, deadline)
             except MemoryNotMetError as e:
-                if memory_limit != "device":
+                if req.memory_limit != "device":
                     raise
                 # the device's own memory: a plan that does not fit is still the best answer
                 # to give, with a warning (the estimate has no rematerialisation, for one)
                 extraction, memory = e.smallest, e.memory
-                warnings.warn(f"{e} Returning that plan: it may not fit on {prof.name} devices.",
-                              MemoryLimitWarning, stacklevel=3)
+                warnings.warn(f"{e} Returning that plan: it may not fit on {req.profile.name} devices.",
+                              MemoryLimitWarning, stacklevel=6)
             extraction = full_roots(extraction)
     except NoPlanError as e:
         if sat.stop_reason == StopReason.SATURATED:
@@ -244,49 +387,7 @@ def _plan(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], pro
             f"{sat.nodes} e-nodes, {sat.seconds:.2f} s) before every value had a plan. Consider raising "
             f"shardsat.Limits (now {limits})."
         ) from e
-    t2 = time.perf_counter()
-    shown.update("done", f"{extraction.total_s * 1e6:,.1f} us predicted")
-    shown.close()
-    stop = sat.stop_reason
-    if time.perf_counter() > deadline and stop == StopReason.SATURATED:
-        stop = StopReason.TIME_LIMIT
-    report = Report(
-        e_classes=graph.num_classes,
-        e_nodes=sat.nodes,
-        iterations=sat.iterations,
-        saturation_s=sat.seconds,
-        extraction_s=t2 - t1,
-        stop_reason=stop,
-        trace_s=t_trace,
-        rules_s=sat.load_seconds,
-        method=extraction.method,
-        sweeps=extraction.sweeps,
-        gap=extraction.gap,
-        lower_bound_s=extraction.lower_bound_s,
-        exact_status=extraction.exact_status,
-        equations=len(program.equations),
-        fallbacks=[str(f) for f in tables.fallbacks],
-    )
-    plan = Plan(
-        fn=fn,
-        program=program,
-        mesh=mesh,
-        spaces=spaces,
-        tables=tables,
-        graph=graph,
-        extraction=extraction,
-        profile=prof,
-        report=report,
-        model=model,
-        arg_pins=arg_pins,
-        ties=tie_pairs,
-        state_argnums=_argnums_of(program, [a for a, _ in tie_pairs]),
-        memory=memory,
-    )
-    if limit is not None and plan.cost.memory is not None:
-        report.memory_limit = limit
-        report.memory_headroom = limit - plan.cost.memory.total
-    return plan
+    return extraction, memory
 
 
 def _roots(program: Program, graph: Any, spaces: SpaceTable, out_pins: dict[int, int],

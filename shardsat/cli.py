@@ -1,14 +1,17 @@
 """The command line: plan a function defined in a Python file without writing a driver script.
 
-    python -m shardsat plan path/to/model.py:fn --mesh data=2,model=4 [--profile h100]
+    python -m shardsat plan path/to/model.py:fn --mesh data=2,model=4 [--profile h100|FILE.json]
         [--json plan.json] [--html plan.html] [--fallback replicate|error] [--state-argnums 0]
         [--devices cpu|default] [--plain]
+    python -m shardsat calibrate --mesh data=2,model=4 --out profile.json [--devices default|cpu]
 
 The file defines `fn` and `example_args()`, which returns the tuple of `fn`'s positional arguments
 (arrays or `jax.ShapeDtypeStruct`s). Planning needs only shapes, so by default it runs on simulated
 CPU devices: the CLI asks XLA for as many host devices as the mesh has before JAX creates its
 backends. Usage errors print one line and exit with 2; a planning failure prints shardsat's
-message and exits with 1.
+message and exits with 1. `calibrate` measures a device profile on the mesh's devices (by default
+the default backend's; simulated CPU devices where it has too few) and writes it as JSON, which
+`plan --profile FILE.json` and `saturate_and_extract(profile="FILE.json")` read.
 
 jax is imported lazily (inside functions) so that the device flags can still take effect when
 this module is the first to be imported.
@@ -52,7 +55,10 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
     def _cmd(self) -> str:
-        return "plan " if self.prog.endswith(" plan") else ""
+        for cmd in ("plan", "calibrate"):
+            if self.prog.endswith(f" {cmd}"):
+                return f"{cmd} "
+        return ""
 
 
 # -- parsing ---------------------------------------------------------------------------------------
@@ -105,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", required=True, metavar="NAME=SIZE,...",
                    help="mesh axes in order, e.g. data=2,model=4")
     p.add_argument("--profile", default=DEFAULT_PROFILE,
-                   help=f"device profile preset the costs are predicted for (default {DEFAULT_PROFILE})")
+                   help=f"device profile the costs are predicted for: a preset (default {DEFAULT_PROFILE}) or a "
+                        "profile saved as JSON (python -m shardsat calibrate --out FILE.json)")
     p.add_argument("--json", type=Path, metavar="OUT.json", help="also write the plan as JSON")
     p.add_argument("--html", type=Path, metavar="OUT.html", help="also write a self-contained HTML report")
     p.add_argument("--fallback", choices=["replicate", "error"], default="replicate",
@@ -119,6 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan on simulated CPU devices (default) or on the default JAX backend's devices")
     p.add_argument("--plain", action="store_true", help="plain-text output even when `rich` is installed")
     p.add_argument("--traceback", action="store_true", help="show tracebacks of errors raised by FILE.py")
+    c = sub.add_parser(
+        "calibrate",
+        help="measure a device profile (FLOP/s, memory and per-axis link bandwidth and latency)",
+        description="Run micro-benchmarks on the devices of a mesh and write the measured DeviceProfile as "
+        "JSON, for --profile FILE.json and saturate_and_extract(profile='FILE.json').",
+    )
+    c.add_argument("--mesh", required=True, metavar="NAME=SIZE,...", help="mesh axes in order, e.g. data=2,model=4")
+    c.add_argument("--out", type=Path, required=True, metavar="OUT.json", help="where to write the profile")
+    c.add_argument("--devices", choices=["cpu", "default"], default="default",
+                   help="the default JAX backend's devices (default; simulated CPU devices are added where it is "
+                        "the CPU) or simulated CPU devices")
+    c.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (seconds, rough numbers)")
     return parser
 
 
@@ -311,23 +330,76 @@ def print_rich(plan: Plan) -> None:
 
 
 # -- main ------------------------------------------------------------------------------------------
-def run_plan(ns: argparse.Namespace) -> int:
-    names, sizes = parse_mesh(ns.mesh)
-    state_argnums = parse_state_argnums(ns.state_argnums)
-    from .extract.profile import PRESETS
+def _profile_arg(text: str) -> Any:
+    """--profile: a preset's name, or a saved profile (checked now: a typo fails before planning)."""
+    from .errors import InvalidArgumentError
+    from .extract.profile import PRESETS, DeviceProfile, is_profile_path
 
-    if ns.profile.lower().replace("-", "_") not in PRESETS:
-        raise UsageError(f"unknown --profile {ns.profile!r}; presets: {', '.join(sorted(PRESETS))}")
+    if is_profile_path(text):
+        try:
+            return DeviceProfile.load(text)
+        except InvalidArgumentError as e:
+            raise UsageError(f"bad --profile: {str(e).splitlines()[0]}") from None
+    if text.lower().replace("-", "_") not in PRESETS:
+        raise UsageError(f"unknown --profile {text!r}; presets: {', '.join(sorted(PRESETS))}, or a FILE.json "
+                         "written by `python -m shardsat calibrate`")
+    return text
+
+
+def _devices_for(sizes: tuple[int, ...], mesh_text: str, devices: str) -> None:
+    """Ask XLA for the simulated devices the mesh needs (before JAX creates its backends)."""
     n = 1
     for s in sizes:
         n *= s
-    if n > MAX_SIMULATED_DEVICES and ns.devices == "cpu":
+    if n > MAX_SIMULATED_DEVICES and devices == "cpu":
         raise UsageError(
-            f"--mesh {ns.mesh} needs {n:,} devices; the CLI simulates at most {MAX_SIMULATED_DEVICES} CPU devices "
+            f"--mesh {mesh_text} needs {n:,} devices; the CLI simulates at most {MAX_SIMULATED_DEVICES} CPU devices "
             "(XLA creates each one). Consider a smaller mesh with the same axes, or --devices default on a "
             "machine that has the devices")
     if n <= MAX_SIMULATED_DEVICES:  # (with --devices default, more than that is for real devices)
-        configure_devices(n, ns.devices)
+        configure_devices(n, devices)
+
+
+def run_calibrate(ns: argparse.Namespace) -> int:
+    """Measure a profile on the mesh and write it; print it and what it took."""
+    names, sizes = parse_mesh(ns.mesh)
+    _devices_for(sizes, ns.mesh, ns.devices)
+    mesh = make_mesh(names, sizes, ns.devices)
+    from .extract.profile import DeviceProfile
+
+    profile = DeviceProfile.calibrate(mesh, quick=ns.quick)
+    try:
+        profile.save(ns.out)
+    except OSError as e:
+        raise UsageError(f"cannot write {e.filename}: {e.strerror}") from None
+    print(format_profile(profile))
+    print(f"wrote {ns.out}")
+    return 0
+
+
+def format_profile(p: Any) -> str:
+    """A measured profile as a few lines of text: rates, per-axis links, and what it took."""
+    from .runtime.explain import fmt_s
+
+    m = p.measurements or {}
+    flops = m.get("matmul_flops_per_s", {})
+    lines = [f"{p.name}: {m.get('devices', '?')} x {m.get('device_kind', '?')} devices, measured in "
+             f"{m.get('seconds', 0.0):.1f} s",
+             "  matmul " + ", ".join(f"{k} {v / 1e9:,.1f} GFLOP/s" for k, v in flops.items())
+             + f" -> flops_per_s {p.flops_per_s:.3e}",
+             f"  memory bandwidth {p.hbm_bytes_per_s / 1e9:,.2f} GB/s"]
+    for axis, fits in m.get("collectives", {}).items():
+        kinds = ", ".join(f"{k} {f['link_bytes_per_s'] / 1e9:,.2f} GB/s + {fmt_s(f['latency_s'])}"
+                          for k, f in fits.items() if k != "all")
+        lines.append(f"  axis {axis}: link {p.link(axis) / 1e9:,.2f} GB/s, latency {fmt_s(p.latency(axis))} ({kinds})")
+    return "\n".join(lines)
+
+
+def run_plan(ns: argparse.Namespace) -> int:
+    names, sizes = parse_mesh(ns.mesh)
+    state_argnums = parse_state_argnums(ns.state_argnums)
+    profile = _profile_arg(ns.profile)
+    _devices_for(sizes, ns.mesh, ns.devices)
     target = load_target(ns.target, ns.example_args, ns.traceback)
     mesh = make_mesh(names, sizes, ns.devices)
 
@@ -335,7 +407,7 @@ def run_plan(ns: argparse.Namespace) -> int:
     from .errors import InvalidArgumentError, InvalidMeshError, ShardsatError, UnsupportedPrimitiveError
 
     try:
-        plan = saturate_and_extract(target.fn, mesh, *target.args, profile=ns.profile, fallback=ns.fallback,
+        plan = saturate_and_extract(target.fn, mesh, *target.args, profile=profile, fallback=ns.fallback,
                                     state_argnums=state_argnums)
     except (InvalidArgumentError, InvalidMeshError) as e:
         raise UsageError(str(e).strip().splitlines()[0]) from None
@@ -370,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
-        return run_plan(ns)
+        return run_calibrate(ns) if ns.command == "calibrate" else run_plan(ns)
     except UsageError as e:
         sys.stderr.write(f"shardsat: error: {e}\n")
         return EXIT_USAGE

@@ -42,6 +42,11 @@ class NoPlanError(ShardsatError):
     """Extraction found no plan (e.g. every plan breaks a constraint)."""
 
 
+class SavedPlanMismatch(ShardsatError):
+    """A saved plan is for another program, mesh or argument types than the ones given, or was
+    written by a shardsat that saves plans differently."""
+
+
 class MemoryLimitWarning(UserWarning):
     """No plan found fits the device's memory (the default memory_limit); the smallest is returned."""
 

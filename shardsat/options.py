@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,18 +23,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .checks import integer, is_bool, optional_bool_problem, real
 from .egraph.rewrite import Rewrite
 from .errors import InvalidArgumentError
-from .extract.profile import PRESETS, DeviceProfile
+from .extract.profile import PRESETS, DeviceProfile, is_profile_path
 from .limits import Limits
 
 FALLBACKS = (None, "replicate", "error")
 EXTRACTIONS = ("auto", "greedy", "exact")
+MULTIHOST = ("check", "share")
 UNCONSTRAINED = PartitionSpec.UNCONSTRAINED
 
 
 def check_options(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], *, profile: Any,
                   limits: Any, fallback: Any, rules: Any, in_shardings: Any, out_shardings: Any,
                   state_argnums: Any, memory_limit: Any, extraction: Any, progress: Any,
-                  fold_loops: Any) -> None:
+                  fold_loops: Any, cache_dir: Any = None) -> None:
     """Raise one InvalidArgumentError listing every malformed option (the mesh is checked first)."""
     problems: list[str] = []
     if not callable(fn):
@@ -62,6 +64,9 @@ def check_options(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
         bad = optional_bool_problem(label, flag)
         if bad:
             problems.append(bad + ".")
+    if cache_dir is not None and not isinstance(cache_dir, str | os.PathLike):
+        problems.append(f"cache_dir must be a folder's path or None, got {type(cache_dir).__name__} {cache_dir!r}. "
+                        "Consider cache_dir='plans/'.")
     if len(problems) == 1:
         raise InvalidArgumentError(f"saturate_and_extract: {problems[0]}")
     if problems:
@@ -117,6 +122,11 @@ def _array_dtype(dtype: Any) -> bool:
 
 
 def _profile_problems(profile: Any, mesh: Mesh) -> list[str]:
+    if isinstance(profile, os.PathLike) or (isinstance(profile, str) and is_profile_path(profile)):
+        try:
+            profile = DeviceProfile.load(profile)
+        except InvalidArgumentError as e:
+            return [str(e)]
     if isinstance(profile, DeviceProfile):
         return _profile_axes_problems(profile, mesh)
     if profile is None:
@@ -125,9 +135,9 @@ def _profile_problems(profile: Any, mesh: Mesh) -> list[str]:
     if isinstance(profile, str):
         if profile.lower().replace("-", "_") in PRESETS:
             return []
-        return [f"Unknown device profile {profile!r}. Consider one of the presets {presets}, or a "
-                "shardsat.DeviceProfile(flops_per_s=..., hbm_bytes_per_s=..., link_bytes_per_s=..., latency_s=...)."]
-    return [f"profile must be a preset name ({presets}), a shardsat.DeviceProfile or None, got "
+        return [f"Unknown device profile {profile!r}. Consider one of the presets {presets}, the path of a "
+                "saved profile (.json), or a shardsat.DeviceProfile(flops_per_s=..., hbm_bytes_per_s=..., link_bytes_per_s=..., latency_s=...)."]
+    return [f"profile must be a preset name ({presets}), a saved profile's path, a shardsat.DeviceProfile or None, got "
             f"{type(profile).__name__} {profile!r}."]
 
 
@@ -250,6 +260,13 @@ def state_argnums_problems(state_argnums: Any, n_args: int) -> list[str]:
     if len(set(nums)) != len(nums):
         return [f"state_argnums={state_argnums!r} names an argument twice. {fix}"]
     return []
+
+
+def multihost_problem(multihost: Any) -> str | None:
+    if multihost in MULTIHOST:
+        return None
+    return (f"multihost must be one of {MULTIHOST}, got {multihost!r}. Consider multihost='share' to plan in "
+            "process 0 only.")
 
 
 def memory_limit_problem(memory_limit: Any) -> str | None:

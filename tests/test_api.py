@@ -29,9 +29,15 @@ def test_readme_example_runs():
         exec(compile(block, "README.md", "exec"), {})
 
 
+# examples/multihost.py starts two processes that each plan a GPT step (about a minute here);
+# tests/test_multihost.py runs its launcher, worker and comparison with a smaller model instead
+NOT_RUN_HERE = {"multihost.py"}
+
+
 def test_examples_run(capsys):
     for path in sorted((ROOT / "examples").glob("*.py")):
-        runpy.run_path(str(path), run_name="__main__")
+        if path.name not in NOT_RUN_HERE:
+            runpy.run_path(str(path), run_name="__main__")
     assert "Predicted step time" in capsys.readouterr().out
 
 

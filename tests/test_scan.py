@@ -51,7 +51,8 @@ def test_optimal_scan_plan_compiles_to_its_collectives():
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     fn = jax.value_and_grad(net)
     ws, x = weights(4)
-    plan = shardsat.saturate_and_extract(fn, mesh, ws, x, profile="h100", extraction="exact")
+    plan = shardsat.saturate_and_extract(fn, mesh, ws, x, profile="h100", extraction="exact",
+                                         limits=shardsat.Limits(exact_seconds=60))
     assert plan.extraction.exact_status == "optimal"
     assert_equivalent(plan, fn, ws, x)
     assert_hlo_matches(plan, ws, x)

@@ -162,6 +162,7 @@ def export(egraph: EGraph, reshard: bool = True) -> ExportedGraph:
             unbuilt += sum(1 for r in f.rows
                            if not r.subsumed and r.output in class_of_dist and r.inputs[0] in class_of_dist)
             continue
+        place, local, code = kind == NodeKind.PLACE, kind == NodeKind.LOCAL, int(kind)  # once per function
         for r in f.rows:
             if r.subsumed:
                 continue
@@ -172,9 +173,9 @@ def export(egraph: EGraph, reshard: bool = True) -> ExportedGraph:
             key = None
             a = b = cc = 0
             children: list[int] | None = []
-            if kind == NodeKind.PLACE:
+            if place:
                 a, b = to_i64(ins[0]), to_i64(ins[1])
-            elif kind == NodeKind.LOCAL:
+            elif local:
                 key = raw.value_to_string(ins[0])
                 a = to_i64(ins[1])
                 children = resolve(ins[2])
@@ -187,7 +188,7 @@ def export(egraph: EGraph, reshard: bool = True) -> ExportedGraph:
             if children is None:
                 continue
             node_class.append(c)
-            node_kind.append(int(kind))
+            node_kind.append(code)
             node_key.append(key)
             na.append(a)
             nb.append(b)

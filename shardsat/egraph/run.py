@@ -115,7 +115,10 @@ class EGraphRun:
         n = 0
         with open(path, "w") as f:
             for row in rows:
-                f.write("\t".join(_cell(c) for c in row))
+                line = "\t".join(map(_text, row))
+                if line.count("\t") != len(row) - 1 or "\n" in line or '"' in line:
+                    raise InvalidArgumentError(f"Table row {row!r} holds a tab, newline or quote.")
+                f.write(line)
                 f.write("\n")
                 n += 1
         if n:
@@ -307,8 +310,6 @@ def _ruleset_name(rs: Any) -> str:
     return repr(ident.name) if ident is not None else repr(rs)
 
 
-def _cell(c: Any) -> str:
-    s = str(int(c)) if isinstance(c, bool | int) else str(c)
-    if "\t" in s or "\n" in s or '"' in s:
-        raise InvalidArgumentError(f"Table cell {s!r} holds a tab, newline or quote.")
-    return s
+def _text(c: Any) -> str:
+    """A table cell: integers (and bools) as integers, anything else as its text."""
+    return str(int(c)) if isinstance(c, bool) else str(c)

@@ -3,18 +3,28 @@
 `link_bytes_per_s` and `latency_s` may be one number or a dict per mesh axis name, since a mesh
 axis inside a node (NVLink, ICI) and one across nodes (InfiniBand, DCN) differ by 10x or more.
 Presets are public datasheet numbers (dense bf16 FLOP/s, HBM bandwidth, per-direction link
-bandwidth per device), rounded; `DeviceProfile(...)` takes measured numbers instead.
+bandwidth per device), rounded; `DeviceProfile(...)` takes measured numbers instead, and
+`DeviceProfile.calibrate(mesh)` measures them on the mesh's own devices (runtime/calibrate.py:
+it runs jax collectives, so it lives with the runtime and is imported only when called). A
+profile saves to and loads from JSON; a path is accepted wherever a profile is.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..checks import integer_problem, real_problem
 from ..errors import InvalidArgumentError
 
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
+PROFILE_FORMAT = "shardsat.DeviceProfile/1"
 Rate = float | Mapping[str, float]
 
 
@@ -33,6 +43,9 @@ class DeviceProfile:
     # limit). GPU presets take JAX's default allocator pool, 75% of HBM
     # (XLA_PYTHON_CLIENT_MEM_FRACTION).
     memory_bytes: float | None = None
+    # what calibrate() measured, for people (per-dtype FLOP/s, per-axis per-collective fits);
+    # the cost model reads only the fields above
+    measurements: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # every field is checked and the problems reported together; NaN and inf pass `v > 0`
@@ -67,6 +80,60 @@ class DeviceProfile:
             base["*"] = self.link_bytes_per_s
         base.update(links)
         return replace(self, link_bytes_per_s=base)
+
+    # -- measuring and saving -----------------------------------------------------------------
+    @classmethod
+    def calibrate(cls, mesh: Mesh, *, quick: bool = False) -> DeviceProfile:
+        """Measure a profile on `mesh`'s own devices: matmul FLOP/s (float32 and bfloat16: the
+        faster is the profile's rate), HBM bandwidth (a large copy), and per mesh axis the
+        all-reduce, all-gather and reduce-scatter times over several sizes, fitted to the cost
+        model's alpha-beta form (latency + bytes moved / link bandwidth). Every process of a
+        multi-host mesh must call it. quick=True: smaller sizes and fewer repeats (tests)."""
+        from ..runtime.calibrate import calibrate
+
+        return calibrate(mesh, quick=quick)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": PROFILE_FORMAT}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = dict(v) if isinstance(v, Mapping) else v
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "the profile") -> DeviceProfile:
+        """A profile from to_dict()'s output; its values are checked like the constructor's."""
+        if not isinstance(data, Mapping) or data.get("format") != PROFILE_FORMAT:
+            raise InvalidArgumentError(
+                f"{source} is not a saved shardsat.DeviceProfile (its \"format\" is "
+                f"{data.get('format') if isinstance(data, Mapping) else type(data).__name__!r}, expected "
+                f"{PROFILE_FORMAT!r}). Consider writing it with DeviceProfile.save(path) or "
+                "`python -m shardsat calibrate --out PATH`.")
+        known = {f.name for f in fields(cls)}
+        missing = sorted({"flops_per_s", "hbm_bytes_per_s", "link_bytes_per_s", "latency_s"} - set(data))
+        if missing:
+            raise InvalidArgumentError(f"{source} lacks {', '.join(missing)}. Consider saving it again with "
+                                       "DeviceProfile.save(path).")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the profile as JSON; `profile="path.json"` reads it back anywhere a profile is taken."""
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> DeviceProfile:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise InvalidArgumentError(
+                f"Cannot read device profile {str(path)!r}: {e.strerror or e}. Consider a preset name "
+                f"({', '.join(sorted(PRESETS))}) or the path of a profile written by DeviceProfile.save().") from e
+        except ValueError as e:
+            raise InvalidArgumentError(f"Device profile {str(path)!r} is not valid JSON ({e}). Consider "
+                                       "writing it again with DeviceProfile.save(path).") from e
+        return cls.from_dict(data, source=f"Device profile {str(path)!r}")
 
 
 def _rate_problem(label: str, rate: Any, *, positive: bool) -> str | None:
@@ -109,12 +176,19 @@ PRESETS: dict[str, DeviceProfile] = {
 }
 
 
+def is_profile_path(text: str) -> bool:
+    """A profile argument names a file (not a preset): it ends in .json or contains a path separator."""
+    return text.lower().endswith(".json") or os.sep in text or "/" in text
+
+
 def get_profile(profile: DeviceProfile | str | None, platform: str = "gpu") -> DeviceProfile:
     """A preset by name, a profile as given, or (None) the preset for the mesh's platform."""
     if profile is None:
         return PRESETS[{"cpu": "cpu", "tpu": "tpu_v5e"}.get(platform, "h100")]
     if isinstance(profile, DeviceProfile):
         return profile
+    if isinstance(profile, os.PathLike) or (isinstance(profile, str) and is_profile_path(profile)):
+        return DeviceProfile.load(profile)
     if not isinstance(profile, str):
         raise InvalidArgumentError(
             f"profile must be a preset name, a shardsat.DeviceProfile or None, got {type(profile).__name__} "
@@ -125,6 +199,7 @@ def get_profile(profile: DeviceProfile | str | None, platform: str = "gpu") -> D
     if key in PRESETS:
         return PRESETS[key]
     raise InvalidArgumentError(
-        f"Unknown device profile {profile!r}. Consider one of {sorted(PRESETS)} or a "
-        "shardsat.DeviceProfile(flops_per_s=..., hbm_bytes_per_s=..., link_bytes_per_s=..., latency_s=...)."
+        f"Unknown device profile {profile!r}. Consider one of {sorted(PRESETS)}, the path of a saved profile "
+        "(.json), or a shardsat.DeviceProfile(flops_per_s=..., hbm_bytes_per_s=..., link_bytes_per_s=..., "
+        "latency_s=...)."
     )

@@ -28,6 +28,9 @@ ACTIVATION_WEIGHT = 0.25
 EXACT_AUTO_NODES = 1000
 EXACT_AUTO_SECONDS = 2.0
 EXACT_SECONDS = 10.0  # extraction="exact" (shardsat.Limits.exact_seconds)
+# ... on e-graphs up to this many e-nodes: beyond, building the program alone takes tens of
+# seconds and HiGHS does not return within minutes (a 900k-node 2x2x2 training step)
+EXACT_MAX_NODES = 200_000
 # up to this many e-nodes every start gets chain moves (before them a start's cost says little:
 # a 4-layer llama step on 2x4, 132k e-nodes, ends at 351 us this way and at 507 us when only the
 # best start is polished; a 2-layer GPT step, 123k, takes ~9 s instead of ~5 for the same plan)

@@ -71,15 +71,20 @@ def enumerate_strategies(
     ]
     literal = [sp is None for sp in operand_spaces]
     groups = [g for g in sig.linear if not any(literal[i] for i in g)]
-    options: list[tuple[str, object]] = [("none", None)]
-    options += [("factor", f) for f in shardable]
-    options += [("linear", k) for k in range(len(groups))]
+    active = mesh.active
+    # per axis, only the factors its size divides: a factor split over several axes must be
+    # divisible by each of them (3-axis meshes: most of the product is pruned here)
+    per_axis: list[list[tuple[str, object]]] = []
+    for axis in active:
+        opts: list[tuple[str, object]] = [("none", None)]
+        opts += [("factor", f) for f in shardable if sizes[f] % mesh.sizes[axis] == 0]
+        opts += [("linear", k) for k in range(len(groups))]
+        per_axis.append(opts)
     space_sets = [None if sp is None else frozenset(sp.layouts) for sp in operand_spaces]
     result_sets = [frozenset(sp.layouts) for sp in result_spaces]
     out: list[Strategy] = []
     seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
-    active = mesh.active
-    for choice in itertools.product(options, repeat=len(active)):
+    for choice in itertools.product(*per_axis):
         assign: dict[str, list[int]] = {}
         carried: list[int] = []
         carried_by: dict[int, list[int]] = {}

@@ -2,24 +2,32 @@
 PartitionSpec (one entry per dimension: a list of mesh axis names, or null when not split), the
 predicted times, the collectives, the search report and the memory estimate.
 
+The same file is a saved plan (`plan.save`, `shardsat.load_plan`): "fingerprint" holds digests of
+the traced program, the mesh, the profile and the plan's choices, "record" what rebuilding the
+plan needs (runtime/record.py). A plan made outside saturate_and_extract has neither.
+
 The per-tensor view (`TensorInfo`) is shared with the HTML report and the CLI's tables so that the
 three always agree."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..egraph.fingerprint import fingerprint
 from ..egraph.layout import Layout, MeshAxes
 from ..egraph.program import Literal
+from .record import RECORD_VERSION, record
 
 if TYPE_CHECKING:
     from .plan import Plan
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: "fingerprint" and "record" (saved plans)
 
 
 @dataclass(frozen=True)
@@ -193,12 +201,63 @@ def plan_to_dict(plan: Plan, **meta: Any) -> dict[str, Any]:
             "total": mem.total,
         },
     }
+    if plan.origin is not None:
+        data.update(saved_sections(plan))
     return _plain(data)
 
 
+def profile_digest(profile: Any) -> str:
+    return hashlib.sha256(json.dumps(_plain(profile.to_dict()), sort_keys=True).encode()).hexdigest()
+
+
+def saved_sections(plan: Plan) -> dict[str, Any]:
+    """The "fingerprint" and "record" sections: what load_plan checks and rebuilds from."""
+    from .. import __version__
+
+    origin = plan.origin
+    assert origin is not None  # (callers check)
+    axes = plan.axes
+    rec, plan_digest = record(plan)
+    return {
+        "fingerprint": {
+            "program": origin.fingerprint.digest,
+            "planned_program": fingerprint(plan.program).digest,
+            "mesh": {"axis_names": list(axes.names), "axis_sizes": list(axes.sizes)},
+            "profile": profile_digest(plan.profile),
+            "plan": plan_digest,
+            "options": origin.options_key,
+        },
+        "record": {
+            "version": RECORD_VERSION,
+            "shardsat": __version__,
+            "function": plan.program.name,
+            "equations": "".join(origin.fingerprint.equations),
+            "arguments": list(origin.fingerprint.arguments),
+            "folded": origin.folded,
+            "rewrites": list(origin.rewrites),
+            "profile": plan.profile.to_dict(),
+            **rec,
+        },
+    }
+
+
 def to_json(plan: Plan, indent: int | None = 2, **meta: Any) -> str:
-    return json.dumps(plan_to_dict(plan, **meta), indent=indent, allow_nan=False)
+    """The plan's JSON: indented for people, but the record (thousands of small lists that only
+    load_plan reads) on one compact line at the end."""
+    data = plan_to_dict(plan, **meta)
+    rec = data.pop("record", None)
+    text = json.dumps(data, indent=indent, allow_nan=False)
+    if rec is None:
+        return text
+    body = json.dumps(rec, separators=(",", ":"), allow_nan=False)
+    sep = "\n" + " " * (indent or 0) if indent is not None else " "
+    return f'{text[:-1].rstrip()},{sep}"record": {body}{chr(10) if indent is not None else ""}}}'
 
 
-def write_json(plan: Plan, path: str | Path, **meta: Any) -> None:
-    Path(path).write_text(to_json(plan, **meta) + "\n", encoding="utf-8")
+def write_json(plan: Plan, path: str | Path, **meta: Any) -> Path:
+    """Write the plan's JSON to `path` whole or not at all (a reader never sees half a file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(to_json(plan, **meta) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path

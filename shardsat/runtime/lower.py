@@ -257,10 +257,11 @@ class Interpreter:
         scan = self.program.scans[s]
         carry_lids = [self.carry_layouts[c] for c in scan.carry_in]
         init = [self.exit_view(scope, a, lid) for a, lid in zip(scan.init, carry_lids, strict=True)]
-        xs = []
-        for x, sl in zip(scan.xs, scan.slices, strict=True):
-            run = self.run_of_output.get(sl)
-            xs.append(self.exit_view(scope, x, run.operand_layouts[0] if run is not None else None))
+        # a scanned input whose slice nothing in the body reads is not passed (lax.scan takes the
+        # length as given; the input may not even be computed)
+        sliced = [(k, run.operand_layouts[0]) for k, sl in enumerate(scan.slices)
+                  if (run := self.run_of_output.get(sl)) is not None]
+        xs = [self.exit_view(scope, scan.xs[k], lid) for k, lid in sliced]
         used = [(k, run.operand_layouts[0]) for k, st in enumerate(scan.stacked)
                 if (run := self.run_of_output.get(st)) is not None]
         exits = [*zip(scan.carry_out, carry_lids, strict=True), *((scan.ys[k], lid) for k, lid in used)]
@@ -268,7 +269,8 @@ class Interpreter:
 
         def body(carry: Any, xslices: Any) -> Any:
             inner = self.enter(scope, s, hoisted, list(zip(scan.carry_in, carry, carry_lids, strict=True)))
-            for vid, x in zip(scan.slices, xslices, strict=True):
+            for (k, _), x in zip(sliced, xslices, strict=True):
+                vid = scan.slices[k]
                 inner.env[self.canon.get(vid, vid)] = self.constrain(x, self.produced[vid]) if vid in self.produced else x
             inner.execute()
             new_carry = [self.exit_view(inner, a, lid) for a, lid in zip(scan.carry_out, carry_lids, strict=True)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -25,6 +26,7 @@ from ..rules.primitives import ELEMENTWISE
 from .argcheck import PlannedArgs, planned_args
 from .hlo import count_collectives
 from .lower import EqnRun, Interpreter, Step
+from .record import Origin
 
 ELEMENTWISE_SET = frozenset(ELEMENTWISE)
 
@@ -95,6 +97,10 @@ class Report:
     exact_status: str | None = None  # the exact integer program's outcome, where it ran
     memory_limit: int | None = None  # bytes per device, when planned under a limit
     memory_headroom: int | None = None  # limit minus the plan's estimate
+    # a plan loaded from a file (shardsat.load_plan, cache_dir): the file, and the seconds it
+    # took to trace and restore; the fields above describe the search that made it
+    loaded_from: str | None = None
+    load_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -115,6 +121,8 @@ class Report:
             s += f"; memory limit {self.memory_limit:,} B per device, headroom {self.memory_headroom:,} B"
         if self.fallbacks:
             s += f"; replicated by fallback: {', '.join(self.fallbacks)}"
+        if self.loaded_from is not None:
+            s += f"; loaded from {self.loaded_from} in {self.load_s:.3f}s (the search above made it)"
         return s
 
 
@@ -245,6 +253,7 @@ class Plan:
         ties: list[tuple[int, int]] | None = None,
         state_argnums: list[int] | None = None,
         memory: MemoryEstimate | None = None,
+        origin: Origin | None = None,
     ) -> None:
         self.fn = fn
         self.program = program
@@ -261,6 +270,7 @@ class Plan:
         self.arg_pins = dict(arg_pins or {})
         self.ties = list(ties or [])  # (flat arg, flat output) pairs of loop-carried state
         self.state_argnums = tuple(state_argnums or ())
+        self.origin = origin  # the traced program's fingerprint, for save()
         self._layouts = spaces.layouts.layouts
         self._assign()
         self.cost = self._cost(memory)
@@ -578,6 +588,20 @@ class Plan:
             else:
                 out[self.program.arg_paths[a]] = "replicated update (data parallel: all-reduced gradient)"
         return out
+
+    # -- saving ---------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write the plan as JSON (the CLI's --json format): its layouts, collectives and cost for
+        people and tools, and a record `shardsat.load_plan(path, fn, mesh, *example_args)` rebuilds
+        it from with no saturation or extraction, with fingerprints of the program, the mesh and
+        the profile that it checks. Returns the path."""
+        from .jsonout import write_json
+
+        if self.origin is None:
+            raise ShardsatError(
+                f"This plan of `{self.program.name}` was built outside saturate_and_extract and has no fingerprint "
+                "of its program, so it cannot be saved for loading. Consider shardsat.saturate_and_extract(...).save().")
+        return write_json(self, path)
 
     # -- presentation ---------------------------------------------------------------------------
     def explain(self) -> str:

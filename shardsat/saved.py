@@ -1,0 +1,235 @@
+"""Saved plans: `shardsat.load_plan(path, fn, mesh, *example_args)` and `cache_dir=`.
+
+A plan saved with `plan.save(path)` (or the CLI's --json) is rebuilt by tracing the function
+again (cheap) and restoring the saved choices onto that trace: the rule tables are rebuilt, the
+e-graph is not (no saturation, no extraction). The file's fingerprints are checked first, each
+mismatch named: another mesh (axis names or sizes), other argument shapes or dtypes (by pytree
+path), or another program (the first equation that differs, with its source line).
+
+`cache_dir=` keys files by a digest of everything that shapes a plan: the program's
+fingerprint, the mesh, the profile and every option.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import jax
+from egglog import Ruleset
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from .egraph.fingerprint import fingerprint
+from .egraph.layout import MeshAxes, SpaceTable
+from .egraph.rewrite import Rewrite
+from .errors import InvalidArgumentError, InvalidMeshError, SavedPlanMismatch, ShardsatError
+from .extract.cost import CostModel
+from .extract.profile import DeviceProfile
+from .limits import Limits
+from .prepare import Prepared, prepare
+from .rules.apply import build_tables
+from .runtime.jsonout import FORMAT_VERSION, profile_digest
+from .runtime.plan import Plan, Report
+from .runtime.record import RECORD_VERSION, Origin, decisions, digest, report_from, restore
+
+
+def load_plan(path: str | os.PathLike[str], fn: Callable[..., Any], mesh: Mesh, *example_args: Any,
+              rules: Sequence[Ruleset | Rewrite] = ()) -> Plan:
+    """The plan saved at `path` (plan.save, or the CLI's --json), for `fn(*example_args)` on `mesh`.
+
+    The function is traced again and the saved choices restored onto the trace: no saturation
+    and no extraction. Refused with a shardsat error naming the difference when the file was saved
+    for another mesh (axis names or sizes), other argument shapes or dtypes, or another program.
+    rules: the shardsat.Rewrite rules the plan was made with (they change the program planned).
+    """
+    if not isinstance(mesh, Mesh):
+        raise InvalidMeshError(f"load_plan needs a jax.sharding.Mesh, got {type(mesh).__name__}. Consider the "
+                               "mesh the plan was saved for, e.g. jax.make_mesh((2, 4), ('data', 'model')).")
+    return plan_from_data(read(path), fn, mesh, example_args, rules=rules, source=str(path))
+
+
+def read(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise InvalidArgumentError(f"Cannot read saved plan {str(path)!r}: {e.strerror or e}. Consider the path "
+                                   "plan.save() or `python -m shardsat plan --json` wrote.") from e
+    except ValueError as e:
+        raise SavedPlanMismatch(f"Saved plan {str(path)!r} is not valid JSON ({e}). Consider saving it again.") from e
+    if not isinstance(data, dict):
+        raise SavedPlanMismatch(f"Saved plan {str(path)!r} holds a JSON {type(data).__name__}, not a plan. "
+                                "Consider saving it again with plan.save(path).")
+    return data
+
+
+def plan_from_data(data: dict[str, Any], fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], *,
+                   rules: Sequence[Ruleset | Rewrite] = (), source: str = "the saved plan",
+                   prepared: Prepared | None = None) -> Plan:
+    """A Plan from a saved plan's JSON data (see load_plan); `prepared`: the program already
+    traced for these arguments (saturate_and_extract's cache), else it is traced here."""
+    start = time.perf_counter()
+    rec = _record(data, source)
+    _check_mesh(data, mesh, source)
+    if prepared is None:
+        prepared = prepare(fn, mesh, example_args, rules, bool(rec["folded"]))
+    _check_program(data, rec, prepared, rules, source)
+    program = prepared.program
+    spaces = SpaceTable(MeshAxes.from_mesh(mesh))
+    tables = build_tables(program, spaces, "replicate")
+    profile = DeviceProfile.from_dict(rec["profile"], source=f"the profile in {source}")
+    got = restore(rec, program, spaces, tables)
+    report = report_from(rec["report"], Report)
+    plan = Plan(fn=fn, program=program, mesh=mesh, spaces=spaces, tables=tables, graph=got.graph,
+                extraction=got.extraction, profile=profile, report=report, model=CostModel(profile, spaces, tables),
+                arg_pins=got.arg_pins, ties=got.ties, state_argnums=got.state_argnums,
+                origin=Origin(prepared.fingerprint, prepared.folded, prepared.rewrites,
+                              data["fingerprint"].get("options")))
+    if digest(decisions(plan)) != data["fingerprint"]["plan"]:
+        raise SavedPlanMismatch(f"{source} did not restore to the plan it records (its choices' digest differs). "
+                                "Consider planning again: the file may have been edited or written by another "
+                                "version of shardsat.")
+    report.loaded_from = source
+    report.load_s = time.perf_counter() - start
+    return plan
+
+
+def _record(data: dict[str, Any], source: str) -> dict[str, Any]:
+    fmt = data.get("format")
+    rec = data.get("record")
+    if fmt != FORMAT_VERSION or not isinstance(rec, dict) or not isinstance(data.get("fingerprint"), dict):
+        why = (f"format {fmt!r}, this shardsat reads format {FORMAT_VERSION}" if fmt != FORMAT_VERSION
+               else "it has no record of the plan's choices (a plan made outside saturate_and_extract)")
+        raise SavedPlanMismatch(f"{source} cannot be loaded: {why}. Consider planning again and saving the plan "
+                                "with plan.save(path).")
+    if rec.get("version") != RECORD_VERSION:
+        raise SavedPlanMismatch(f"{source} holds a plan record of version {rec.get('version')!r} (shardsat "
+                                f"{rec.get('shardsat')}); this shardsat reads version {RECORD_VERSION}. "
+                                "Consider planning again.")
+    return rec
+
+
+def _check_mesh(data: dict[str, Any], mesh: Mesh, source: str) -> None:
+    saved = data["fingerprint"]["mesh"]
+    axes = MeshAxes.from_mesh(mesh)
+    want = dict(zip(saved["axis_names"], saved["axis_sizes"], strict=True))
+    have = dict(zip(axes.names, axes.sizes, strict=True))
+    if list(want.items()) != list(have.items()):
+        what = "axis names" if list(want) != list(have) else "axis sizes"
+        raise SavedPlanMismatch(f"{source} was planned for mesh {want}, not this mesh {have} (the {what} differ). "
+                                f"Consider a mesh of shape {tuple(want.values())} with axes {tuple(want)}, or "
+                                "planning again for this mesh.")
+
+
+def _check_program(data: dict[str, Any], rec: dict[str, Any], prepared: Prepared,
+                   rules: Sequence[Ruleset | Rewrite], source: str) -> None:
+    """The traced program is the saved one: arguments first (named by path), then equations."""
+    fp = prepared.fingerprint
+    saved_args = list(rec["arguments"])
+    if list(fp.arguments) != saved_args:
+        raise SavedPlanMismatch(f"{source} was planned for other arguments:\n" + _argument_diff(saved_args, fp.arguments)
+                                + "\nConsider example arguments of the planned shapes and dtypes, or planning again "
+                                "for these.")
+    if fp.digest != data["fingerprint"]["program"]:
+        raise SavedPlanMismatch(f"{source} was planned for another program than `{prepared.program.name}` traces to: "
+                                + _equation_diff(rec, prepared) + ". Consider planning again (saturate_and_extract "
+                                "with cache_dir= does so when the program changes).")
+    names = tuple(r.name for r in rules if isinstance(r, Rewrite))
+    if names != tuple(rec["rewrites"]):
+        raise SavedPlanMismatch(f"{source} was planned with rewrite rules {list(rec['rewrites'])}, not {list(names)}. "
+                                "Consider load_plan(..., rules=...) with the rules it was planned with.")
+    if prepared.folded != bool(rec["folded"]) or \
+            fingerprint(prepared.program).digest != data["fingerprint"]["planned_program"]:
+        raise SavedPlanMismatch(f"{source}: the program shardsat planned (after rewrites and folding) differs from "
+                                "the one traced here. Consider planning again: the file was written by another "
+                                "version of shardsat, or with other rules= or fold_loops=.")
+
+
+def _argument_diff(saved: list[str], have: Sequence[str]) -> str:
+    def split(items: Sequence[str]) -> dict[str, str]:
+        return dict(item.rsplit(" ", 1) for item in items)
+
+    want, got = split(saved), split(have)
+    lines = [f"  * {p}: planned {want[p]}, given {got[p]}" for p in want if p in got and want[p] != got[p]]
+    lines += [f"  * {p}: planned {want[p]}, not given" for p in want if p not in got]
+    lines += [f"  * {p}: given {got[p]}, not planned" for p in got if p not in want]
+    return "\n".join(lines[:10]) + (f"\n  ... {len(lines) - 10} more" if len(lines) > 10 else "")
+
+
+def _equation_diff(rec: dict[str, Any], prepared: Prepared) -> str:
+    width = 8
+    text = rec["equations"]
+    saved = [text[i:i + width] for i in range(0, len(text), width)]
+    fp = prepared.fingerprint
+    i = fp.first_difference(saved)
+    if i is None:
+        return f"its {len(saved)} equations match, but its structure (regions, outputs or constants) differs"
+    count = f"{len(fp.equations)} equations here, {len(saved)} when saved"
+    if i >= len(fp.equations):
+        return f"it ends after equation {i} ({count})"
+    return _first_equation(prepared, i) + f" ({count})"
+
+
+def _first_equation(prepared: Prepared, i: int) -> str:
+    """Equation i of the traced program (fingerprint order: before rewrites and folding)."""
+    e = prepared.traced.equations[i]
+    return f"the first equation that differs is #{i}, `{e.name}` at {e.source}"
+
+
+# -- cache_dir --------------------------------------------------------------------------------------
+def _pins_text(pins: Any) -> str:
+    if pins is None:
+        return "None"
+    leaves = jax.tree_util.tree_flatten_with_path(
+        pins, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec | NamedSharding))[0]
+    return ";".join(f"{jax.tree_util.keystr(p)}={getattr(x, 'spec', x)}" for p, x in leaves)
+
+
+def _rule_text(r: Any) -> str:
+    return f"rewrite:{r.name}" if isinstance(r, Rewrite) else f"ruleset:{getattr(r, 'name', None) or type(r).__name__}"
+
+
+def cache_key(program_digest: str, mesh: Mesh, profile: DeviceProfile, *, limits: Limits, fallback: str,
+              rules: Sequence[Any], in_shardings: Any, out_shardings: Any, state_argnums: Any, memory_limit: Any,
+              extraction: str, fold_loops: bool | None) -> str:
+    """A digest of everything a plan depends on (program, mesh, profile, options)."""
+    axes = MeshAxes.from_mesh(mesh)
+    parts = {
+        "format": [FORMAT_VERSION, RECORD_VERSION], "program": program_digest,
+        "mesh": [list(axes.names), list(axes.sizes)], "profile": profile_digest(profile), "limits": asdict(limits),
+        "fallback": fallback, "rules": [_rule_text(r) for r in rules], "in": _pins_text(in_shardings),
+        "out": _pins_text(out_shardings), "state": repr(state_argnums), "memory": repr(memory_limit),
+        "extraction": extraction, "fold": repr(fold_loops),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def cache_path(cache_dir: str | os.PathLike[str], name: str, key: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:60] or "fn"
+    return Path(cache_dir) / f"{safe}-{key[:24]}.json"
+
+
+def load_cached(path: Path, fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], prepared: Prepared,
+                rules: Sequence[Any]) -> Plan | None:
+    """The plan saved at `path`, or None where there is none or it does not load (then a
+    warning says why, and the caller plans again and overwrites it)."""
+    if not path.is_file():
+        return None
+    try:
+        return plan_from_data(read(path), fn, mesh, example_args, rules=rules, source=str(path), prepared=prepared)
+    except (ShardsatError, KeyError, TypeError, ValueError, IndexError) as e:
+        warnings.warn(f"shardsat: the cached plan {path} does not load ({type(e).__name__}: {e}); planning again.",
+                      UserWarning, stacklevel=5)
+        return None
+
+
+def save_cached(plan: Plan, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plan.save(path)
