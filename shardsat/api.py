@@ -24,7 +24,7 @@ from .egraph.rewrite import Rewrite
 from .egraph.run import EGraphRun, SaturationReport
 from .errors import FallbackWarning, InvalidArgumentError, InvalidMeshError, MemoryLimitWarning, NoPlanError
 from .extract.cost import CostModel
-from .extract.memory import MemoryEstimate, estimate_memory
+from .extract.memory import MemoryEstimate, MemoryModel
 from .extract.profile import DeviceProfile, get_profile
 from .extract.result import Extraction
 from .extract.search import (
@@ -228,10 +228,12 @@ def _plan(req: _Request, prepared: Prepared, start: float, shown: Progress) -> P
     problem, node_cost, full_roots = _problem(program, graph, spaces, tables, model, value_space, arg_pins,
                                               out_pins, tie_pairs)
 
+    # one model per planned program: its liveness structure is built once for every plan priced
+    memory_model = MemoryModel(program, graph, spaces, state_args=frozenset(a for a, _ in tie_pairs),
+                               donated_outputs=frozenset(k for _, k in tie_pairs), pins=arg_pins)
+
     def memory_of(ex: Extraction) -> MemoryEstimate:
-        return estimate_memory(program, graph, spaces, full_roots(ex),
-                               state_args=frozenset(a for a, _ in tie_pairs),
-                               donated_outputs=frozenset(k for _, k in tie_pairs))
+        return memory_model.estimate(full_roots(ex))
 
     shown.update("extracting", f"{graph.num_classes:,} e-classes, {graph.size:,} e-nodes")
     method = "greedy" if skipped else req.extraction

@@ -521,7 +521,7 @@ class Plan:
         for pos, vid in enumerate(self.program.args):
             v = self.program.values[vid]
             sp = self.spaces.space(v.shape, v.dtype)
-            lid = self.produced.get(vid)
+            lid = self.produced.get(vid, self._pinned(pos))  # an unused argument: as in_shardings passes it
             b = self.spaces.shard_bytes(sp, lid) if lid is not None else v.nbytes
             by_path[self.program.arg_paths[pos]] = b
             arg_bytes += b
@@ -534,7 +534,8 @@ class Plan:
         if memory is None:
             memory = estimate_memory(
                 self.program, self.graph, self.spaces, ex,
-                state_args=frozenset(a for a, _ in self.ties), donated_outputs=frozenset(k for _, k in self.ties))
+                state_args=frozenset(a for a, _ in self.ties), donated_outputs=frozenset(k for _, k in self.ties),
+                pins=self.arg_pins)
         flops = update = update_full = 0.0
         if self.model is not None:
             before, after = heavy_roles(self.program)
