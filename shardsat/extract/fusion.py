@@ -49,6 +49,8 @@ REDUCE = frozenset({
 })
 INPLACE = frozenset({"dynamic_update_slice", "scatter", "scatter-add", "scatter_add", "scatter_mul",
                      "scatter_min", "scatter_max", "scatter_sub", "scatter_apply"})
+# results XLA may write into an operand's buffer when that operand dies there
+INPLACE_KINDS = frozenset({Fuse.CHEAP, Fuse.EXPENSIVE, Fuse.INPLACE})
 # readers that re-read each operand element many times: an expensive producer is stored for them
 REREADS = frozenset({"broadcast_in_dim", "pad", "concatenate", "tile"})
 

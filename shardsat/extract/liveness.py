@@ -22,6 +22,7 @@ from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import SpaceTable
 from ..egraph.program import Equation, Literal, Program
 from . import fusion
+from .buffers import Allocation, Temp, heap_peak, reuse_fixed, share_inplace
 from .result import Extraction, GroupChoice
 
 Key = int  # a value group, or -1 - v for a folded loop member v (each repeat's own array)
@@ -178,11 +179,10 @@ def execution_order(program: Program) -> list[Equation]:
 class PlanLiveness:
     """One plan's buffers on a Timeline: when each is made and last read."""
 
-    def __init__(self, tl: Timeline, ex: Extraction, excluded: set[Buf]) -> None:
+    def __init__(self, tl: Timeline, ex: Extraction) -> None:
         self.tl = tl
         self.ex = ex
         self.ch = ex.choices
-        self.excluded = excluded  # argument, constant and output buffers: not temps
         self.produced: dict[Key, int] = {}
         self.step_to: dict[Buf, object] = {}
         for k, v in tl.rep.items():
@@ -196,6 +196,7 @@ class PlanLiveness:
             if kf in self.produced:
                 self.produced[kc] = self.produced[kf]
         self.born: dict[Buf, int] = {}
+        self.inplace: set[Buf] = set()  # made by an op that may write into a dying operand
         self.last: dict[Buf, int] = {}
         self.ev: dict[Key, tuple[int, int]] = {}  # a fused value: (first, last) time its readers run
         self.transient: list[tuple[int, int]] = []  # (time, bytes) of buffers live one instant
@@ -215,8 +216,11 @@ class PlanLiveness:
                 if not spans:
                     continue  # read by nothing
                 lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
+            inplace = fusion.kind(tl.seq[t]) in fusion.INPLACE_KINDS
             for k in outs:
                 self.born[(k, self.produced[k])] = tl.birth_time(t)
+                if inplace:
+                    self.inplace.add((k, self.produced[k]))
             for ka, lid, whole in reads[t]:
                 self.read(ka, lid, lo, hi, whole)
         self._init_reads()
@@ -306,26 +310,21 @@ class PlanLiveness:
             if s.kind == NodeKind.REDUCE_SCATTER:  # type: ignore[attr-defined]
                 self.transient.append((t, self.tl.size(b[0], s.src)))  # type: ignore[attr-defined]
 
-    def peak(self) -> Peak:
-        events: list[tuple[int, int, Buf | None]] = []
-        for b, t in self.born.items():
-            if b in self.excluded:
-                continue
-            size = self.tl.size(*b)
-            events.append((t, size, b))
-            events.append((self.last.get(b, t) + 1, -size, b))
-        for t, size in self.transient:
-            events.append((t, size, None))
-            events.append((t + 1, -size, None))
-        events.sort(key=lambda x: (x[0], x[1]))
-        live = best = best_t = 0
-        for t, d, _ in events:
-            live += d
-            if live > best:
-                best, best_t = live, t
-        at = [(b, self.tl.size(*b)) for b, t in self.born.items()
-              if b not in self.excluded and t <= best_t <= self.last.get(b, t)]
-        return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))
+    def is_buffer(self, b: Buf) -> bool:
+        """A view (a collective's result) always is; an equation's result when XLA stores it."""
+        return b in self.step_to or self.stored.get(b[0], True)
+
+    def peak(self, excluded: set[Buf], fixed: list[Allocation]) -> Peak:
+        """The peak of temporaries: every stored buffer but `excluded` (arguments, constants,
+        outputs), after in-place sharing and reuse of the `fixed` (output, donated) allocations."""
+        temps = [Temp(self.tl.size(*b), t, max(self.last.get(b, t), t), b in self.inplace, b)
+                 for b, t in self.born.items() if b not in excluded and self.is_buffer(b)]
+        temps += [Temp(size, t, t) for t, size in self.transient]
+        share_inplace(temps)
+        left = reuse_fixed(temps, fixed)
+        best, best_t = heap_peak(left)
+        at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
+        return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
 
 
 __all__ = ["Peak", "PlanLiveness", "Timeline", "execution_order"]

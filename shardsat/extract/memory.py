@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ..egraph.export import ExportedGraph
 from ..egraph.layout import SpaceTable
 from ..egraph.program import Literal, Program
+from .buffers import Allocation
 from .liveness import Buf, Peak, PlanLiveness, Timeline, execution_order
 from .result import Extraction
 from .structure import HEAVY, heavy_roles
@@ -46,14 +47,14 @@ class MemoryModel:
     built once (on first use) and shared by every plan the search prices."""
 
     def __init__(self, program: Program, graph: ExportedGraph, spaces: SpaceTable,
-                 state_args: frozenset[int] = frozenset(),  # flat positions of loop-carried state
-                 donated_outputs: frozenset[int] = frozenset(),  # flat outputs written into donated buffers
+                 ties: tuple[tuple[int, int], ...] = (),  # (flat argument, flat output) of loop-carried state
                  pins: dict[int, frozenset[int]] | None = None) -> None:  # argument pins (unused ones' layout)
         self.program = program
         self.graph = graph
         self.spaces = spaces
-        self.state_args = state_args
-        self.donated_outputs = donated_outputs
+        self.ties = tuple(ties)
+        self.state_args = frozenset(a for a, _ in self.ties)
+        self.donated_outputs = frozenset(k for _, k in self.ties)
         self.pins = pins or {}
         self._timeline: Timeline | None = None
         self._roles: tuple[list[bool], list[bool]] | None = None
@@ -109,20 +110,34 @@ class MemoryModel:
         return min(lays, key=lambda lid: (len(layouts[lid].used_axes()), lid))
 
     def peak(self, ex: Extraction) -> Peak:
-        """The peak of temporaries: buffers that are neither arguments, constants nor outputs."""
+        """The peak of temporaries: buffers that are neither arguments, constants nor outputs,
+        less what XLA places in output and donated-argument allocations (buffers.py)."""
         tl, prog = self.timeline, self.program
+        live = PlanLiveness(tl, ex)
+        live.run()
         excluded: set[Buf] = set()
+        fixed: dict[Buf, Allocation] = {}
         for vid in prog.args + prog.const_values:
             k = tl.key(vid)
             grp = self.graph.value_group.get(vid)
             if k is not None and grp in ex.choices:
                 excluded.add((k, ex.choices[grp].layout))
-        for o, lid in zip(prog.outputs, ex.root_layouts, strict=True):
-            if isinstance(o, int) and lid is not None and tl.key(o) is not None:
-                excluded.add((tl.key(o), lid))  # type: ignore[arg-type]
-        live = PlanLiveness(tl, ex, excluded)
-        live.run()
-        self.last_peak = live.peak()
+        donated = {k: a for a, k in self.ties}
+        end = len(tl.seq)
+        for n, (o, lid) in enumerate(zip(prog.outputs, ex.root_layouts, strict=True)):
+            k = tl.key(o) if isinstance(o, int) else None
+            if k is None or lid is None:
+                continue
+            b = (k, lid)
+            alloc = fixed.setdefault(b, Allocation(self.bytes_of(o, lid)))
+            excluded.add(b)
+            alloc.busy.append((live.born.get(b, 0), end, b in live.inplace))
+            if n in donated:  # written into the argument's buffer: busy while the argument is read
+                arg = prog.args[donated[n]]
+                ka, grp = tl.key(arg), self.graph.value_group.get(arg)
+                if ka is not None and grp in ex.choices:
+                    alloc.busy.append((0, live.last.get((ka, ex.choices[grp].layout), 0), False))
+        self.last_peak = live.peak(excluded, list(fixed.values()))
         return self.last_peak
 
     def gradients(self, ex: Extraction) -> int:
@@ -156,12 +171,11 @@ def estimate_memory(
     graph: ExportedGraph,
     spaces: SpaceTable,
     extraction: Extraction,
-    state_args: frozenset[int] = frozenset(),  # flat positions of loop-carried state
-    donated_outputs: frozenset[int] = frozenset(),  # flat outputs written into donated buffers
+    ties: tuple[tuple[int, int], ...] = (),  # (flat argument, flat output) of loop-carried state
     pins: dict[int, frozenset[int]] | None = None,
 ) -> MemoryEstimate:
     """One plan's estimate (MemoryModel.estimate, for callers that price a single plan)."""
-    return MemoryModel(program, graph, spaces, state_args, donated_outputs, pins).estimate(extraction)
+    return MemoryModel(program, graph, spaces, ties, pins).estimate(extraction)
 
 
 __all__ = ["MemoryEstimate", "MemoryModel", "estimate_memory", "execution_order"]

@@ -534,8 +534,7 @@ class Plan:
         if memory is None:
             memory = estimate_memory(
                 self.program, self.graph, self.spaces, ex,
-                state_args=frozenset(a for a, _ in self.ties), donated_outputs=frozenset(k for _, k in self.ties),
-                pins=self.arg_pins)
+                ties=tuple(self.ties), pins=self.arg_pins)
         flops = update = update_full = 0.0
         if self.model is not None:
             before, after = heavy_roles(self.program)
