@@ -16,6 +16,7 @@ the other branches' temps are never live with it.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from ..egraph.export import ExportedGraph, NodeKind
@@ -46,8 +47,11 @@ class Timeline:
         self.spaces = spaces
         self.seq = execution_order(program)
         self._keys()
-        self._regions()
         self._static_stored()
+        if all(reg.folded for reg in program.scans):  # loops and branches keep their own order
+            self.seq = bfs_order(self.seq, [any(self.stored.get(k, True) for k in ks) for ks in self.first])
+            self._keys()
+        self._regions()
 
     # -- static structure ---------------------------------------------------------------------
     def key(self, v: int) -> Key | None:
@@ -176,6 +180,54 @@ def execution_order(program: Program) -> list[Equation]:
     return out
 
 
+def bfs_order(seq: list[Equation], runs: list[bool]) -> list[Equation]:
+    """The equations in the order XLA:CPU schedules its instructions: breadth first (its
+    concurrency-optimised scheduler, Kahn's algorithm with a FIFO queue), which runs, for
+    instance, every all-gather of a weight before the first layer. `runs[i]`: equation i is an
+    instruction of its own; the others (fused into their readers, or computed before) pass
+    readiness on at once."""
+    producer: dict[int, int] = {}
+    for i, e in enumerate(seq):
+        for o in e.outputs:
+            producer.setdefault(o, i)
+    users: list[list[int]] = [[] for _ in seq]
+    indeg = [0] * len(seq)
+    last_effect = None
+    for i, e in enumerate(seq):
+        deps = {producer[a] for a in e.inputs if isinstance(a, int) and producer.get(a, i) < i}
+        if e.effects:
+            if last_effect is not None:
+                deps.add(last_effect)
+            last_effect = i
+        indeg[i] = len(deps)
+        for d in deps:
+            users[d].append(i)
+    order: list[int] = []
+    queue: deque[int] = deque()
+
+    def ready(i: int) -> None:
+        if runs[i]:
+            queue.append(i)
+            return
+        order.append(i)
+        for u in users[i]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                ready(u)
+
+    for i in range(len(seq)):
+        if indeg[i] == 0:
+            ready(i)
+    while queue:
+        i = queue.popleft()
+        order.append(i)
+        for u in users[i]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                ready(u)
+    return [seq[i] for i in order] if len(order) == len(seq) else seq
+
+
 class PlanLiveness:
     """One plan's buffers on a Timeline: when each is made and last read."""
 
@@ -199,7 +251,7 @@ class PlanLiveness:
         self.inplace: set[Buf] = set()  # made by an op that may write into a dying operand
         self.last: dict[Buf, int] = {}
         self.ev: dict[Key, tuple[int, int]] = {}  # a fused value: (first, last) time its readers run
-        self.transient: list[tuple[int, int]] = []  # (time, bytes) of buffers live one instant
+        self.transient: list[tuple[int, int, int]] = []  # (start, end, bytes) of buffers no value names
 
     def run(self) -> None:
         tl = self.tl
@@ -292,9 +344,12 @@ class PlanLiveness:
                     self.read(tl.key(a), self.ex.carry_layouts.get(cin), t, t, True)  # type: ignore[arg-type]
 
     def _views(self) -> None:
-        """Each view is made from its source when first needed: deepest first, so a source's
-        last read includes making every view below it. A reduce-scatter on XLA:CPU is an
-        all-reduce of the whole buffer and a slice: the whole buffer lives for an instant."""
+        """Each view (a collective's result) is made from its source when first needed: deepest
+        first, so a source's last read includes making every view below it. XLA's breadth-first
+        schedule runs a collective as soon as its source exists: a weight's all-gather at the
+        start. A reduce-scatter on XLA:CPU is an all-reduce of the whole buffer and a slice: the
+        whole buffer lives for an instant; an all-gather of a minor dimension gathers the major
+        one and transposes: the raw gathered buffer lives until the copy."""
         def depth(b: Buf) -> int:
             d, s = 0, self.step_to.get(b)
             while s is not None and d < 64:
@@ -302,13 +357,24 @@ class PlanLiveness:
                 s = self.step_to.get((b[0], s.src))  # type: ignore[attr-defined]
             return d
 
-        views = sorted((b for b in self.born if b in self.step_to), key=depth, reverse=True)
-        for b in views:
+        views = sorted((b for b in self.born if b in self.step_to), key=depth)
+        for b in views:  # shallowest first: a source's (earlier) birth is known
+            src = (b[0], self.step_to[b].src)  # type: ignore[attr-defined]
+            self.born[b] = min(self.born[b], self.born.get(src, -1) + 1)
+        for b in reversed(views):
             s = self.step_to[b]
             t = self.born[b]
             self.read(b[0], s.src, t, t, True)  # type: ignore[attr-defined]
             if s.kind == NodeKind.REDUCE_SCATTER:  # type: ignore[attr-defined]
-                self.transient.append((t, self.tl.size(b[0], s.src)))  # type: ignore[attr-defined]
+                self.transient.append((t, t, self.tl.size(b[0], s.src)))  # type: ignore[attr-defined]
+            elif s.kind == NodeKind.ALL_GATHER and self._minor(b[0], s.dst, s.dim):  # type: ignore[attr-defined]
+                self.transient.append((t, t, self.tl.size(*b)))
+
+    def _minor(self, k: Key, lid: int, dim: int) -> bool:
+        """Does a dimension before `dim` have more than one element per shard?"""
+        v = self.tl.program.values[self.tl.rep[k]]
+        shard = self.tl.spaces.layouts[lid].shard_shape(v.shape, self.tl.spaces.mesh)
+        return any(n > 1 for n in shard[:dim])
 
     def is_buffer(self, b: Buf) -> bool:
         """A view (a collective's result) always is; an equation's result when XLA stores it."""
@@ -319,7 +385,7 @@ class PlanLiveness:
         outputs), after in-place sharing and reuse of the `fixed` (output, donated) allocations."""
         temps = [Temp(self.tl.size(*b), t, max(self.last.get(b, t), t), b in self.inplace, b)
                  for b, t in self.born.items() if b not in excluded and self.is_buffer(b)]
-        temps += [Temp(size, t, t) for t, size in self.transient]
+        temps += [Temp(size, t0, t1) for t0, t1, size in self.transient]
         share_inplace(temps)
         left = reuse_fixed(temps, fixed)
         best, best_t = heap_peak(left)
