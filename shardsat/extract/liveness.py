@@ -52,6 +52,7 @@ class Timeline:
             self.seq = bfs_order(self.seq, [any(self.stored.get(k, True) for k in ks) for ks in self.first])
             self._keys()
         self._regions()
+        self._dependencies()
 
     # -- static structure ---------------------------------------------------------------------
     def key(self, v: int) -> Key | None:
@@ -77,6 +78,46 @@ class Timeline:
             k = self.key(v)
             if k is not None:
                 self.rep.setdefault(k, v)
+
+    def _dependencies(self) -> None:
+        """Per position: the positions it depends on (a bitset) and, for a fused result, the
+        stored positions that read it (each computes it again). XLA writes a donated argument's
+        new value into its buffer only where every reader of the old one provably runs first
+        (copy insertion, on dependencies): these say which readers do."""
+        made_at: dict[Key, int] = {}
+        for t, ks in enumerate(self.first):
+            for k in ks:
+                made_at[k] = t
+        self.made_at = made_at
+        self.anc: list[int] = []
+        deps: list[set[int]] = []
+        for t, e in enumerate(self.seq):
+            mine = {made_at[k] for a in e.inputs if isinstance(a, int)
+                    for k in [self.key(a)] if k is not None and made_at.get(k, t) < t}
+            deps.append(mine)
+            bits = 0
+            for d in mine:
+                bits |= self.anc[d] | (1 << d)
+            self.anc.append(bits)
+        runs = [not ks or any(self.stored.get(k, True) for k in ks) for ks in self.first]
+        readers: list[set[int]] = [set() for _ in self.seq]
+        for t in range(len(self.seq)):
+            for d in deps[t]:
+                readers[d].add(t)
+        self.mreaders: dict[int, frozenset[int]] = {}
+        for t in range(len(self.seq) - 1, -1, -1):
+            if not runs[t]:
+                self.mreaders[t] = frozenset(r2 for r in readers[t]
+                                             for r2 in (self.mreaders.get(r, frozenset({r}))))
+
+    def runs_before(self, readers: set[int], t: int) -> bool:
+        """Do all `readers` (positions) run before position t, by dependency (or are t)?"""
+        anc = self.anc[t]
+        for r in readers:
+            for r2 in self.mreaders.get(r, (r,)):
+                if r2 != t and not (anc >> r2) & 1:
+                    return False
+        return True
 
     def _regions(self) -> None:
         """Loop regions (real scans and while loops) and when each starts; carry inputs read the
@@ -249,6 +290,7 @@ class PlanLiveness:
                 self.produced[kc] = self.produced[kf]
         self.born: dict[Buf, int] = {}
         self.inplace: set[Buf] = set()  # made by an op that may write into a dying operand
+        self.direct: dict[Key, set[int]] = {}  # positions that read a key in its produced layout
         self.last: dict[Buf, int] = {}
         self.ev: dict[Key, tuple[int, int]] = {}  # a fused value: (first, last) time its readers run
         self.transient: list[tuple[int, int, int]] = []  # (start, end, bytes) of buffers no value names
@@ -293,9 +335,17 @@ class PlanLiveness:
                     if k is None or (e.name == "cond_merge" and pos > 0):
                         continue
                     k = tl.redirect.get(k, k)
-                    row.append((k, lid, fusion.reads_whole(e, pos, len(prog.values[a].shape))))
+                    whole = fusion.reads_whole(e, pos, len(prog.values[a].shape))
+                    row.append((k, lid, whole))
+                    if lid is None or lid == self.produced.get(k) or self._fused_slice(k, lid, whole):
+                        self.direct.setdefault(k, set()).add(t)
             out.append(row)
         return out
+
+    def _fused_slice(self, k: Key, lid: int, whole: bool) -> bool:
+        """A slice its reader fuses (it reads the source buffer itself)."""
+        s = self.step_to.get((k, lid))
+        return s is not None and s.kind == NodeKind.DYN_SLICE and not whole  # type: ignore[attr-defined]
 
     def _stored(self, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
         """The static choice, plus: a value a collective reads is a buffer; so is a slice a
@@ -380,11 +430,13 @@ class PlanLiveness:
         """A view (a collective's result) always is; an equation's result when XLA stores it."""
         return b in self.step_to or self.stored.get(b[0], True)
 
-    def peak(self, excluded: set[Buf], fixed: list[Allocation]) -> Peak:
+    def peak(self, excluded: set[Buf], fixed: list[Allocation], extra: list[Temp]) -> Peak:
         """The peak of temporaries: every stored buffer but `excluded` (arguments, constants,
-        outputs), after in-place sharing and reuse of the `fixed` (output, donated) allocations."""
+        outputs) and the `extra` ones (copies), after in-place sharing and reuse of the `fixed`
+        (output, donated) allocations."""
         temps = [Temp(self.tl.size(*b), t, max(self.last.get(b, t), t), b in self.inplace, b)
                  for b, t in self.born.items() if b not in excluded and self.is_buffer(b)]
+        temps += extra
         temps += [Temp(size, t0, t1) for t0, t1, size in self.transient]
         share_inplace(temps)
         left = reuse_fixed(temps, fixed)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..egraph.export import ExportedGraph
 from ..egraph.layout import SpaceTable
 from ..egraph.program import Literal, Program
-from .buffers import Allocation
+from .buffers import Allocation, Temp
 from .liveness import Buf, Peak, PlanLiveness, Timeline, execution_order
 from .result import Extraction
 from .structure import HEAVY, heavy_roles
@@ -123,6 +123,7 @@ class MemoryModel:
             if k is not None and grp in ex.choices:
                 excluded.add((k, ex.choices[grp].layout))
         donated = {k: a for a, k in self.ties}
+        copies: list[Temp] = []
         end = len(tl.seq)
         for n, (o, lid) in enumerate(zip(prog.outputs, ex.root_layouts, strict=True)):
             k = tl.key(o) if isinstance(o, int) else None
@@ -133,12 +134,26 @@ class MemoryModel:
             excluded.add(b)
             alloc.busy.append((live.born.get(b, 0), end, b in live.inplace))
             if n in donated:  # written into the argument's buffer: busy while the argument is read
-                arg = prog.args[donated[n]]
-                ka, grp = tl.key(arg), self.graph.value_group.get(arg)
-                if ka is not None and grp in ex.choices:
-                    alloc.busy.append((0, live.last.get((ka, ex.choices[grp].layout), 0), False))
-        self.last_peak = live.peak(excluded, list(fixed.values()))
+                copies += self._donated(live, alloc, prog.args[donated[n]], k)
+        self.last_peak = live.peak(excluded, list(fixed.values()), copies)
         return self.last_peak
+
+    def _donated(self, live: PlanLiveness, alloc: Allocation, arg: int, k_out: int) -> list[Temp]:
+        """The old value of a donated argument holds its buffer until its last read; where a
+        reader is not provably before the new value's producer, XLA copies the argument first
+        and the buffer is free from the start (returns the copy)."""
+        tl, ch = self.timeline, live.ch
+        ka, grp = tl.key(arg), self.graph.value_group.get(arg)
+        if ka is None or grp not in ch:
+            return []
+        b = (ka, ch[grp].layout)
+        last = live.last.get(b, 0)
+        made = tl.made_at.get(k_out)
+        if made is None or tl.runs_before(live.direct.get(ka, set()), made):
+            alloc.busy.append((0, last, False))
+            return []
+        alloc.busy.append((0, 0, False))
+        return [Temp(tl.size(*b), 0, last, tag=b)]
 
     def gradients(self, ex: Extraction) -> int:
         """Reduced gradients: contraction-derived values with a weight's shape that feed no
