@@ -110,9 +110,13 @@ class Timeline:
                 self.mreaders[t] = frozenset(r2 for r in readers[t]
                                              for r2 in (self.mreaders.get(r, frozenset({r}))))
 
-    def runs_before(self, readers: set[int], t: int) -> bool:
-        """Do all `readers` (positions) run before position t, by dependency (or are t)?"""
+    def runs_before(self, readers: set[int], t: int, combined: tuple[int, int] = (0, 0)) -> bool:
+        """Do all `readers` (positions) run before position t, by dependency (or are t)?
+        `combined`: (sources, their ancestors) of the reductions XLA combines into one
+        all-reduce: what depends on one of them depends on all."""
         anc = self.anc[t]
+        if anc & combined[0]:
+            anc |= combined[1]
         for r in readers:
             for r2 in self.mreaders.get(r, (r,)):
                 if r2 != t and not (anc >> r2) & 1:
@@ -341,6 +345,23 @@ class PlanLiveness:
                         self.direct.setdefault(k, set()).add(t)
             out.append(row)
         return out
+
+    def combined_reductions(self) -> tuple[int, int]:
+        """XLA:CPU combines all-reduces that do not depend on one another into one (a
+        reduce-scatter is an all-reduce there): the sources (a bitset of positions) of the
+        reductions no other reduction's source precedes, and their ancestors."""
+        tl = self.tl
+        srcs = {tl.made_at[k] for (k, _), s in self.step_to.items()
+                if s.kind in (NodeKind.ALL_REDUCE, NodeKind.REDUCE_SCATTER) and k in tl.made_at}  # type: ignore[attr-defined]
+        every = 0
+        for t in srcs:
+            every |= 1 << t
+        first = [t for t in srcs if not tl.anc[t] & every]
+        bits = anc = 0
+        for t in first:
+            bits |= 1 << t
+            anc |= tl.anc[t] | (1 << t)
+        return bits, anc
 
     def _fused_slice(self, k: Key, lid: int, whole: bool) -> bool:
         """A slice its reader fuses (it reads the source buffer itself)."""
