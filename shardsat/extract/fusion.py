@@ -92,3 +92,23 @@ def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: b
     if k in (Fuse.EXPENSIVE, Fuse.GATHER):
         return len({id(r) for r in readers}) > 1 or any(r.name in REREADS for r in readers)
     return False
+
+
+def transposed_operands(eqn: Equation, ranks: tuple[int, ...]) -> list[int]:
+    """Operands of a dot XLA copies into another dimension order: a dot with several contracting
+    or free dimensions is rewritten to [batch, free, contracting] x [batch, contracting, free]
+    (DotDecomposer); an operand not already in that order is transposed into a new buffer. A
+    plain matrix product takes either orientation as it is."""
+    if eqn.name != "dot_general" or len(ranks) != 2:
+        return []
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    out = []
+    for pos, (contract, batch, rank) in enumerate(((lc, lb, ranks[0]), (rc, rb, ranks[1]))):
+        free = [d for d in range(rank) if d not in contract and d not in batch]
+        if len(contract) <= 1 and len(free) <= 1:
+            continue
+        order = [*batch, *free, *contract] if pos == 0 else [*batch, *contract, *free]
+        if [int(d) for d in order] != list(range(rank)):
+            out.append(pos)
+    return out
+

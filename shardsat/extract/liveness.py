@@ -84,6 +84,13 @@ class Timeline:
         stored positions that read it (each computes it again). XLA writes a donated argument's
         new value into its buffer only where every reader of the old one provably runs first
         (copy insertion, on dependencies): these say which readers do."""
+        self.transposes: dict[int, list[int]] = {}  # dot position -> operands XLA transposes
+        for t, e in enumerate(self.seq):
+            ops = [a for a in e.inputs if isinstance(a, int)]
+            if len(ops) == len(e.inputs) == 2:
+                tr = fusion.transposed_operands(e, tuple(len(self.program.values[a].shape) for a in ops))
+                if tr:
+                    self.transposes[t] = tr
         made_at: dict[Key, int] = {}
         for t, ks in enumerate(self.first):
             for k in ks:
@@ -179,6 +186,7 @@ class Timeline:
             for a in [*reg.init, *reg.carry_out, *reg.xs, *reg.ys, *reg.outs, reg.pred, *reg.extra_reads]:
                 if isinstance(a, int) and self.key(a) is not None:
                     boundary.add(self.key(a))  # type: ignore[arg-type]
+        self.n_readers = {k: len(r) for k, r in readers.items()}
         self.stored: dict[Key, bool] = {}
         for t, e in enumerate(self.seq):
             for k in self.first[t]:
@@ -323,6 +331,7 @@ class PlanLiveness:
                 self.read(ka, lid, lo, hi, whole)
         self._init_reads()
         self._views()
+        self._transposes(reads)
 
     def _reads(self) -> list[list[tuple[Key, int | None, bool]]]:
         tl, prog = self.tl, self.tl.program
@@ -402,6 +411,21 @@ class PlanLiveness:
         b = (k, lid)
         self.born[b] = min(self.born.get(b, lo), lo)
         self.last[b] = max(self.last.get(b, hi), hi)
+
+    def _transposes(self, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
+        """A dot operand XLA transposes is copied as soon as it exists (breadth-first) and read
+        by the dot; one whose only reader is the dot is written transposed (no copy)."""
+        tl = self.tl
+        for t, ops in tl.transposes.items():
+            if not any(k in self.produced for k in tl.first[t]) or len(reads[t]) != 2:
+                continue
+            for pos in ops:
+                k, lid, _ = reads[t][pos]
+                b = (k, lid if lid is not None else self.produced.get(k, -1))
+                if b[1] < 0 or (b not in self.step_to and tl.n_readers.get(k, 0) <= 1 and k in tl.made_at):
+                    continue
+                start = self.born.get(b, -1) + 1
+                self.transient.append((min(start, t), t, tl.size(*b)))
 
     def _init_reads(self) -> None:
         """A loop reads its initial carry when it starts, in the carry's layout."""
