@@ -329,6 +329,8 @@ class PlanLiveness:
                     self.inplace.add((k, self.produced[k]))
             for ka, lid, whole in reads[t]:
                 self.read(ka, lid, lo, hi, whole)
+            for ka, lid, whole in self._recomputed(t, reads):
+                self.read(ka, lid, lo, hi, whole)
         self._init_reads()
         self._views()
         self._transposes(reads)
@@ -411,6 +413,19 @@ class PlanLiveness:
         b = (k, lid)
         self.born[b] = min(self.born.get(b, lo), lo)
         self.last[b] = max(self.last.get(b, hi), hi)
+
+    def _recomputed(self, t: int, reads: list[list[tuple[Key, int | None, bool]]]) -> list[tuple[Key, int | None, bool]]:
+        """What a dot's transposed copy of an elementwise operand reads: XLA fuses the operand's
+        computation into the copy, which reads the operand's own operands again."""
+        tl, out = self.tl, []
+        for pos in tl.transposes.get(t, []):
+            if pos >= len(reads[t]):
+                continue
+            k = reads[t][pos][0]
+            src = tl.made_at.get(k)
+            if src is not None and fusion.kind(tl.seq[src]) in fusion.INPLACE_KINDS - {fusion.Fuse.INPLACE}:
+                out += reads[src]
+        return out
 
     def _transposes(self, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
         """A dot operand XLA transposes is copied as soon as it exists (breadth-first) and read
