@@ -98,7 +98,10 @@ def transposed_operands(eqn: Equation, ranks: tuple[int, ...]) -> list[int]:
     """Operands of a dot XLA copies into another dimension order: a dot with several contracting
     or free dimensions is rewritten to [batch, free, contracting] x [batch, contracting, free]
     (DotDecomposer); an operand not already in that order is transposed into a new buffer. A
-    plain matrix product takes either orientation as it is."""
+    plain matrix product takes either orientation as it is. A convolution's operands are
+    transposed into the layout its kernel takes (see _conv_transposed)."""
+    if eqn.name == "conv_general_dilated" and len(ranks) == 2:
+        return _conv_transposed(eqn, ranks)
     if eqn.name != "dot_general" or len(ranks) != 2:
         return []
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
@@ -110,5 +113,21 @@ def transposed_operands(eqn: Equation, ranks: tuple[int, ...]) -> list[int]:
         order = [*batch, *free, *contract] if pos == 0 else [*batch, *contract, *free]
         if [int(d) for d in order] != list(range(rank)):
             out.append(pos)
+    return out
+
+
+def _conv_transposed(eqn: Equation, ranks: tuple[int, ...]) -> list[int]:
+    """XLA:CPU convolves an input laid out (batch, spatial..., feature) with a kernel laid out
+    (spatial..., in-feature, out-feature): an operand whose dimension numbers say otherwise
+    (the weight gradient's convolution swaps batch and feature) is transposed into a copy."""
+    dn = eqn.params.get("dimension_numbers")
+    if dn is None or not hasattr(dn, "lhs_spec"):
+        return []
+    lhs, rhs = tuple(int(d) for d in dn.lhs_spec), tuple(int(d) for d in dn.rhs_spec)
+    out = []
+    if (lhs[0], *lhs[2:], lhs[1]) != tuple(range(ranks[0])):
+        out.append(0)
+    if (*rhs[2:], rhs[1], rhs[0]) != tuple(range(ranks[1])):
+        out.append(1)
     return out
 

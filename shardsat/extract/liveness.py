@@ -327,10 +327,12 @@ class PlanLiveness:
                 self.born[(k, self.produced[k])] = tl.birth_time(t)
                 if inplace:
                     self.inplace.add((k, self.produced[k]))
-            for ka, lid, whole in reads[t]:
-                self.read(ka, lid, lo, hi, whole)
-            for ka, lid, whole in self._recomputed(t, reads):
-                self.read(ka, lid, lo, hi, whole)
+            copied = tl.transposes.get(t, ())
+            for pos, (ka, lid, whole) in enumerate(reads[t]):
+                c = self._copy_time(t, ka, lid) if pos in copied else lo
+                self.read(ka, lid, min(c, lo), c if pos in copied else hi, whole)
+            for c, (ka, lid, whole) in self._recomputed(t, reads):
+                self.read(ka, lid, min(c, lo), c, whole)
         self._init_reads()
         self._views()
         self._transposes(reads)
@@ -414,17 +416,27 @@ class PlanLiveness:
         self.born[b] = min(self.born.get(b, lo), lo)
         self.last[b] = max(self.last.get(b, hi), hi)
 
-    def _recomputed(self, t: int, reads: list[list[tuple[Key, int | None, bool]]]) -> list[tuple[Key, int | None, bool]]:
-        """What a dot's transposed copy of an elementwise operand reads: XLA fuses the operand's
-        computation into the copy, which reads the operand's own operands again."""
+    def _copy_time(self, t: int, k: Key, lid: int | None) -> int:
+        """When the transposed copy of a dot operand is made: right after the operand is (the
+        dot at `t` reads the copy, not the operand); for a view, at the dot."""
+        src = self.tl.made_at.get(k)
+        if src is None or (lid is not None and lid != self.produced.get(k)):
+            return t
+        return min(t, self.tl.birth_time(src) + 1)
+
+    def _recomputed(self, t: int, reads: list[list[tuple[Key, int | None, bool]]]
+                    ) -> list[tuple[int, tuple[Key, int | None, bool]]]:
+        """What a dot's transposed copy of an elementwise operand reads, and when: XLA fuses the
+        operand's computation into the copy, which reads the operand's own operands again."""
         tl, out = self.tl, []
         for pos in tl.transposes.get(t, []):
             if pos >= len(reads[t]):
                 continue
-            k = reads[t][pos][0]
+            k, lid, _ = reads[t][pos]
             src = tl.made_at.get(k)
             if src is not None and fusion.kind(tl.seq[src]) in fusion.INPLACE_KINDS - {fusion.Fuse.INPLACE}:
-                out += reads[src]
+                c = self._copy_time(t, k, lid)
+                out += [(c, r) for r in reads[src]]
         return out
 
     def _transposes(self, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
