@@ -393,6 +393,19 @@ class Plan:
         return jax.tree_util.tree_unflatten(self.program.out_tree, leaves)
 
     # -- running --------------------------------------------------------------------------------
+    def compiled_memory(self, *args: Any) -> int | None:
+        """Bytes per device XLA allocates for this plan, compiled for the mesh's devices with
+        loop-carried state donated: memory_analysis()'s arguments + outputs - aliased + temps.
+        None where the backend does not report it. The reference for `cost.memory`."""
+        ma = self.jit().lower(*args).compile().memory_analysis()
+        if ma is None:
+            return None
+        parts = [getattr(ma, f"{n}_size_in_bytes", None) for n in ("argument", "output", "alias", "temp")]
+        if any(p is None for p in parts):
+            return None
+        arg, out, alias, temp = (int(p) for p in parts)  # type: ignore[arg-type]
+        return arg + out - alias + temp
+
     def jit(self, *, donate_argnums: tuple[int, ...] | None = None) -> Any:
         """`jax.jit` of the planned program with the plan's shardings. Loop-carried state
         (`state_argnums`) is donated unless `donate_argnums` says otherwise."""
