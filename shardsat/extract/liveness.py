@@ -490,7 +490,9 @@ class PlanLiveness:
             if s.kind == NodeKind.REDUCE_SCATTER:  # type: ignore[attr-defined]
                 self.transient.append((t, t, self.tl.size(b[0], s.src)))  # type: ignore[attr-defined]
             elif s.kind == NodeKind.ALL_GATHER and self._minor(b[0], s.dst, s.dim):  # type: ignore[attr-defined]
+                # the raw gathered buffer now, the transposed copy (the view) a step later
                 self.transient.append((t, t, self.tl.size(*b)))
+                self.born[b] = min(t + 1, max(self.last.get(b, t), t))
 
     def _minor(self, k: Key, lid: int, dim: int) -> bool:
         """Does a dimension before `dim` have more than one element per shard?"""
