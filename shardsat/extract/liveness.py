@@ -334,6 +334,11 @@ class PlanLiveness:
             for c, (ka, lid, whole) in self._recomputed(t, reads):
                 self.read(ka, lid, min(c, lo), c, whole)
         self._init_reads()
+        end = len(tl.seq)
+        for o, lid in zip(tl.program.outputs, self.ex.root_layouts, strict=True):
+            k = tl.key(o) if isinstance(o, int) else None
+            if k is not None and lid is not None:  # an output in another layout is a view too
+                self.read(tl.redirect.get(k, k), lid, end, end, True)
         self._views()
         self._transposes(reads)
 
