@@ -303,6 +303,8 @@ class PlanLiveness:
         self.born: dict[Buf, int] = {}
         self.inplace: set[Buf] = set()  # made by an op that may write into a dying operand
         self.direct: dict[Key, set[int]] = {}  # positions that read a key in its produced layout
+        self.view_readers: dict[Buf, set[int]] = {}  # positions that read a view
+        self.combined: tuple[int, int] = (0, 0)  # the combined all-reduce: sources, their ancestors
         self.last: dict[Buf, int] = {}
         self.ev: dict[Key, tuple[int, int]] = {}  # a fused value: (first, last) time its readers run
         self.transient: list[tuple[int, int, int]] = []  # (start, end, bytes) of buffers no value names
@@ -329,6 +331,8 @@ class PlanLiveness:
                     self.inplace.add((k, self.produced[k]))
             copied = tl.transposes.get(t, ())
             for pos, (ka, lid, whole) in enumerate(reads[t]):
+                if lid is not None and lid != self.produced.get(ka):
+                    self.view_readers.setdefault((ka, lid), set()).add(t)
                 c = self._copy_time(t, ka, lid) if pos in copied else lo
                 self.read(ka, lid, min(c, lo), c if pos in copied else hi, whole)
             for c, (ka, lid, whole) in self._recomputed(t, reads):
@@ -340,6 +344,7 @@ class PlanLiveness:
             if k is not None and lid is not None:  # an output in another layout is a view too
                 self.read(tl.redirect.get(k, k), lid, end, end, True)
         self._views()
+        self._combine()
         self._transposes(reads)
 
     def _reads(self) -> list[list[tuple[Key, int | None, bool]]]:
@@ -364,22 +369,34 @@ class PlanLiveness:
             out.append(row)
         return out
 
-    def combined_reductions(self) -> tuple[int, int]:
+    def _combine(self) -> None:
         """XLA:CPU combines all-reduces that do not depend on one another into one (a
-        reduce-scatter is an all-reduce there): the sources (a bitset of positions) of the
-        reductions no other reduction's source precedes, and their ancestors."""
+        reduce-scatter is an all-reduce there): the last wave of reductions (the gradients' and
+        the loss's, that no other reduction waits for) runs once all their sources exist, which
+        stay live until then. `combined`: (sources, their ancestors) as bitsets of positions."""
         tl = self.tl
-        srcs = {tl.made_at[k] for (k, _), s in self.step_to.items()
-                if s.kind in (NodeKind.ALL_REDUCE, NodeKind.REDUCE_SCATTER) and k in tl.made_at}  # type: ignore[attr-defined]
+        reds = []
+        for b, s in self.step_to.items():
+            src = tl.made_at.get(b[0])
+            if s.kind in (NodeKind.ALL_REDUCE, NodeKind.REDUCE_SCATTER) and b in self.born and src is not None:  # type: ignore[attr-defined]
+                bits = 0
+                for p in self.view_readers.get(b, ()):
+                    bits |= 1 << p
+                reds.append((b, s, src, bits))
+        sinks = [r for r in reds if not any(r2 is not r and (tl.anc[r2[2]] | (1 << r2[2])) & r[3] for r2 in reds)]
+        if len(sinks) > 1:
+            when = max(self.born.get((b[0], s.src), 0) for b, s, _, _ in sinks)  # type: ignore[attr-defined]
+            for b, s, _, _ in sinks:
+                self.read(b[0], s.src, when, when, True)  # type: ignore[attr-defined]
         every = 0
-        for t in srcs:
-            every |= 1 << t
-        first = [t for t in srcs if not tl.anc[t] & every]
+        for _, _, src, _ in reds:
+            every |= 1 << src
         bits = anc = 0
-        for t in first:
-            bits |= 1 << t
-            anc |= tl.anc[t] | (1 << t)
-        return bits, anc
+        for _, _, src, _ in reds:  # the first wave: what one update waits for, all wait for
+            if not tl.anc[src] & every:
+                bits |= 1 << src
+                anc |= tl.anc[src] | (1 << src)
+        self.combined = (bits, anc)
 
     def _fused_slice(self, k: Key, lid: int, whole: bool) -> bool:
         """A slice its reader fuses (it reads the source buffer itself)."""

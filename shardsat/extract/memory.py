@@ -124,7 +124,7 @@ class MemoryModel:
                 excluded.add((k, ex.choices[grp].layout))
         donated = {k: a for a, k in self.ties}
         copies: list[Temp] = []
-        combined = live.combined_reductions() if self.ties else (0, 0)
+        combined = live.combined
         end = len(tl.seq)
         for n, (o, lid) in enumerate(zip(prog.outputs, ex.root_layouts, strict=True)):
             k = tl.key(o) if isinstance(o, int) else None
