@@ -89,6 +89,8 @@ def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: b
     k = kind(eqn)
     if boundary or whole_read or k in (Fuse.REDUCE, Fuse.INPLACE, Fuse.OPAQUE) or not readers:
         return True
+    if eqn.name == "broadcast_in_dim" and any(r.name == "reshape" for r in readers):
+        return True  # a reshape that interleaves broadcast dimensions is no bitcast: XLA:CPU writes it out
     if k in (Fuse.EXPENSIVE, Fuse.GATHER):
         return len({id(r) for r in readers}) > 1 or any(r.name in REREADS for r in readers)
     return False
