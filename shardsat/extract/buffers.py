@@ -55,7 +55,7 @@ def share_inplace(temps: list[Temp]) -> None:
         cands = dying.get((t.start, t.size))
         while cands:
             op = cands.pop()
-            if op is not t and op.start < t.start:
+            if op is not t and op.start <= t.start:
                 op.end = t.start - 1
                 break
 

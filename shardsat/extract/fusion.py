@@ -49,8 +49,14 @@ REDUCE = frozenset({
 })
 INPLACE = frozenset({"dynamic_update_slice", "scatter", "scatter-add", "scatter_add", "scatter_mul",
                      "scatter_min", "scatter_max", "scatter_sub", "scatter_apply"})
-# results XLA may write into an operand's buffer when that operand dies there
+# results XLA may write into an operand's buffer when that operand dies there (a sort sorts its
+# operand's buffer in place)
 INPLACE_KINDS = frozenset({Fuse.CHEAP, Fuse.EXPENSIVE, Fuse.INPLACE})
+INPLACE_OPAQUE = frozenset({"sort"})
+
+
+def in_place(eqn: Equation) -> bool:
+    return kind(eqn) in INPLACE_KINDS or eqn.name in INPLACE_OPAQUE
 # readers that re-read each operand element many times: an expensive producer is stored for them
 REREADS = frozenset({"broadcast_in_dim", "pad", "concatenate", "tile"})
 

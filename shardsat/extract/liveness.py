@@ -324,7 +324,7 @@ class PlanLiveness:
                 if not spans:
                     continue  # read by nothing
                 lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
-            inplace = fusion.kind(tl.seq[t]) in fusion.INPLACE_KINDS
+            inplace = fusion.in_place(tl.seq[t])
             for k in outs:
                 self.born[(k, self.produced[k])] = tl.birth_time(t)
                 if inplace:
