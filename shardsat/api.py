@@ -229,7 +229,7 @@ def _plan(req: _Request, prepared: Prepared, start: float, shown: Progress) -> P
                                               out_pins, tie_pairs)
 
     # one model per planned program: its liveness structure is built once for every plan priced
-    memory_model = MemoryModel(program, graph, spaces, ties=tuple(tie_pairs), pins=arg_pins)
+    memory_model = MemoryModel(program, graph, spaces, ties=tuple(tie_pairs), pins=arg_pins, tables=tables)
 
     def memory_of(ex: Extraction) -> MemoryEstimate:
         return memory_model.estimate(full_roots(ex))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import SpaceTable
@@ -25,6 +26,9 @@ from ..egraph.program import Equation, Literal, Program
 from . import fusion
 from .buffers import Allocation, Temp, heap_peak, reuse_fixed, share_inplace
 from .result import Extraction, GroupChoice
+
+if TYPE_CHECKING:
+    from ..rules.apply import RuleTables
 
 Key = int  # a value group, or -1 - v for a folded loop member v (each repeat's own array)
 Buf = tuple[Key, int]  # (key, layout)
@@ -41,10 +45,12 @@ class Timeline:
     """What of a program's liveness does not depend on the plan: the execution order, who reads
     what, which results XLA keeps whole. Built once per planned program; `peak` runs per plan."""
 
-    def __init__(self, program: Program, graph: ExportedGraph, spaces: SpaceTable) -> None:
+    def __init__(self, program: Program, graph: ExportedGraph, spaces: SpaceTable,
+                 tables: RuleTables | None = None) -> None:
         self.program = program
         self.graph = graph
         self.spaces = spaces
+        self.tables = tables  # the strategies, where the graph has no children (a loaded plan)
         self.seq = execution_order(program)
         self._keys()
         self._static_stored()
@@ -203,7 +209,14 @@ class Timeline:
                 node = ch[grp].node
                 if NodeKind(int(self.graph.node_kind[node])) == NodeKind.LOCAL:
                     kids = self.graph.children(node)
-                    return [int(self.graph.class_layout[c]) for c in kids]
+                    if len(kids) or self.tables is None or not e.inputs:
+                        return [int(self.graph.class_layout[c]) for c in kids]
+                    # a loaded plan's graph keeps the chosen nodes only: its strategy's operands
+                    key = self.tables.output_key.get(o, self.tables.output_key.get(self.program.alias(o)))
+                    if key is None:
+                        return []
+                    info, _ = self.tables.info(key)
+                    return [int(x) for x in info.strategies[int(self.graph.node_a[node])].ins]
         return []
 
     def size(self, k: Key, lid: int) -> int:

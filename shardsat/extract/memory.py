@@ -11,6 +11,7 @@ the argument); temps are everything else, at their peak (liveness.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..egraph.export import ExportedGraph
 from ..egraph.layout import SpaceTable
@@ -48,7 +49,9 @@ class MemoryModel:
 
     def __init__(self, program: Program, graph: ExportedGraph, spaces: SpaceTable,
                  ties: tuple[tuple[int, int], ...] = (),  # (flat argument, flat output) of loop-carried state
-                 pins: dict[int, frozenset[int]] | None = None) -> None:  # argument pins (unused ones' layout)
+                 pins: dict[int, frozenset[int]] | None = None,  # argument pins (unused ones' layout)
+                 tables: Any = None) -> None:  # rule tables: a loaded plan's operand layouts
+        self.tables = tables
         self.program = program
         self.graph = graph
         self.spaces = spaces
@@ -63,7 +66,7 @@ class MemoryModel:
     @property
     def timeline(self) -> Timeline:
         if self._timeline is None:
-            self._timeline = Timeline(self.program, self.graph, self.spaces)
+            self._timeline = Timeline(self.program, self.graph, self.spaces, self.tables)
         return self._timeline
 
     def bytes_of(self, vid: int, lid: int | None) -> int:
@@ -190,9 +193,10 @@ def estimate_memory(
     extraction: Extraction,
     ties: tuple[tuple[int, int], ...] = (),  # (flat argument, flat output) of loop-carried state
     pins: dict[int, frozenset[int]] | None = None,
+    tables: Any = None,
 ) -> MemoryEstimate:
     """One plan's estimate (MemoryModel.estimate, for callers that price a single plan)."""
-    return MemoryModel(program, graph, spaces, ties, pins).estimate(extraction)
+    return MemoryModel(program, graph, spaces, ties, pins, tables).estimate(extraction)
 
 
 __all__ = ["MemoryEstimate", "MemoryModel", "estimate_memory", "execution_order"]

@@ -547,7 +547,7 @@ class Plan:
         if memory is None:
             memory = estimate_memory(
                 self.program, self.graph, self.spaces, ex,
-                ties=tuple(self.ties), pins=self.arg_pins)
+                ties=tuple(self.ties), pins=self.arg_pins, tables=self.tables)
         flops = update = update_full = 0.0
         if self.model is not None:
             before, after = heavy_roles(self.program)
