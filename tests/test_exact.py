@@ -49,6 +49,7 @@ from test_equivalence import programs as random_programs
 import shardsat
 import shardsat.api as api
 from shardsat.egraph.export import ExportedGraph, NodeKind
+from shardsat.extract.bound import split_bound
 from shardsat.extract.exact import solve_exact
 from shardsat.extract.greedy import Extractor
 from shardsat.extract.result import Extraction
@@ -349,6 +350,11 @@ class Synthetic:
         ex = Extractor(self.graph, self.node_cost, list(range(self.graph.num_groups)), spaces, edges, model)
         return ex.lower_bound(self.roots)
 
+    def split_bound(self) -> float:
+        model, spaces, edges = self.tables()
+        ex = Extractor(self.graph, self.node_cost, list(range(self.graph.num_groups)), spaces, edges, model)
+        return split_bound(ex, self.roots)
+
     def brute_force(self) -> float:
         return brute_force(self.graph, self.node_cost, self.roots, PARTIAL)
 
@@ -467,6 +473,8 @@ def test_synthetic_exact_matches_brute_force_and_bounds_greedy(seed):
     assert greedy.total_s >= exact.total_s * (1 - REL), f"seed {seed}: greedy {greedy.total_s!r} < exact"
     lb = s.lower_bound()
     assert 0.0 <= lb <= best * (1 + REL), f"seed {seed}: lower bound {lb!r} > optimum {best!r}"
+    split = s.split_bound()  # operands' layouts linked to their readers (extract/bound.py)
+    assert 0.0 <= split <= best * (1 + REL), f"seed {seed}: split bound {split!r} > optimum {best!r}"
 
 
 # Regression: the objective was scaled by a fixed 1e6, so HiGHS's absolute tolerances accepted

@@ -16,6 +16,7 @@ import numpy as np
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import SpaceTable
 from ..errors import NoPlanError
+from .bound import split_bound
 from .cost import CostModel
 from .exact import solve_exact
 from .greedy import EPS, Extractor
@@ -44,6 +45,8 @@ SHALLOW_WEIGHT = 8
 # restarts under memory pressure: every byte a plan holds is priced so that the best plan's
 # bytes cost this many times its seconds (see _pressure_restarts)
 PRESSURE = 2.0
+# the split bound (extract/bound.py) costs ~1 s per 100k e-nodes: beyond this, the per-value one alone
+SPLIT_BOUND_NODES = 150_000
 
 
 @dataclass
@@ -154,7 +157,8 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
                 0.0 if res.status == "optimal" else None)
             best.exact_status = res.status
     if best.gap is None:
-        bound_gap(best, ex.lower_bound(p.roots))
+        split = split_bound(ex, p.roots) if p.graph.size <= SPLIT_BOUND_NODES else 0.0
+        bound_gap(best, max(ex.lower_bound(p.roots), split))
     best.seconds = spent
     return best
 
