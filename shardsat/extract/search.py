@@ -137,30 +137,37 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
         spent += more
     best.explainer = ex.explain
     ex.forget_search()
-    # no roots (a function returning no arrays): the empty plan is exact, and HiGHS takes no
-    # problem of zero variables
     if p.roots and (method == "exact" or (method == "auto" and p.graph.size <= EXACT_AUTO_NODES)):
-        if p.graph.unbuilt_nodes:
-            raise ValueError("the exact extractor needs the resharding e-nodes: export(reshard=True)")
-        left = deadline - time.perf_counter()
-        limit = min(exact_seconds if method == "exact" else EXACT_AUTO_SECONDS, left)
-        if limit > 0.1:
-            group_space = [p.value_space[vs[0]] if vs else -1 for vs in p.graph.group_values]
-            partial = {i for i, lay in enumerate(p.spaces.layouts.layouts) if lay.partial}
-            res = solve_exact(p.graph, node_cost, group_space, p.model, p.combinable, p.roots, p.place_pins,
-                              p.ties, partial, limit, weight=p.weight, incumbent=best.total_s)
-            spent += res.seconds
-            if res.extraction is not None and res.extraction.total_s < best.total_s - 1e-12:
-                best = res.extraction
-                best.notes.append(f"exact ILP improved the greedy plan; {res.status}")
-            best.gap = res.gap if res.extraction is not None and best is res.extraction else (
-                0.0 if res.status == "optimal" else None)
-            best.exact_status = res.status
+        best, secs = _exact(p, node_cost, best, deadline, method, exact_seconds)
+        spent += secs
     if best.gap is None:
         split = split_bound(ex, p.roots) if p.graph.size <= SPLIT_BOUND_NODES else 0.0
         bound_gap(best, max(ex.lower_bound(p.roots), split))
     best.seconds = spent
     return best
+
+
+def _exact(p: Problem, node_cost: np.ndarray, best: Extraction, deadline: float, method: str,
+           exact_seconds: float) -> tuple[Extraction, float]:
+    """The integer program seeking plans cheaper than `best`: (the better plan, seconds spent).
+    Not called without roots (a function returning no arrays: the empty plan is exact, and
+    HiGHS takes no problem of zero variables)."""
+    if p.graph.unbuilt_nodes:
+        raise ValueError("the exact extractor needs the resharding e-nodes: export(reshard=True)")
+    limit = min(exact_seconds if method == "exact" else EXACT_AUTO_SECONDS, deadline - time.perf_counter())
+    if limit <= 0.1:
+        return best, 0.0
+    group_space = [p.value_space[vs[0]] if vs else -1 for vs in p.graph.group_values]
+    partial = {i for i, lay in enumerate(p.spaces.layouts.layouts) if lay.partial}
+    res = solve_exact(p.graph, node_cost, group_space, p.model, p.combinable, p.roots, p.place_pins,
+                      p.ties, partial, limit, weight=p.weight, incumbent=best.total_s)
+    if res.extraction is not None and res.extraction.total_s < best.total_s - 1e-12:
+        best = res.extraction
+        best.notes.append(f"exact ILP improved the greedy plan; {res.status}")
+    best.gap = res.gap if res.extraction is not None and best is res.extraction else (
+        0.0 if res.status == "optimal" else None)
+    best.exact_status = res.status
+    return best, res.seconds
 
 
 def _pressure_restarts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction,
