@@ -15,9 +15,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python examples/mlp.py
 
+# two pytest workers: the CI machine has two cores, and most of a test is single-threaded Python
 test: $(STAMP)
 	$(BIN)/ruff check shardsat tests examples benchmarks fuzz
-	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q tests
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q -n 2 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check shardsat tests examples benchmarks fuzz

@@ -205,6 +205,50 @@ def _noise_check(case: FuzzCase, plan: Any, mesh: Any, got: Any, want: Any, tol:
     return not compare(gspmd, got, case.out_paths, tol), bool(compare(want, gspmd, case.out_paths, tol))
 
 
+def _leaf_diffs(want: Any, got: Any) -> list[float]:
+    """Per output leaf, the largest absolute difference (inf where integers or shapes differ)."""
+    out = []
+    for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+        w, g = np.asarray(w), np.asarray(g)
+        if w.shape != g.shape or not w.size:
+            out.append(0.0 if w.shape == g.shape else float("inf"))
+        elif np.issubdtype(w.dtype, np.inexact):
+            w64, g64 = w.astype(np.float64), g.astype(np.float64)
+            same = (w64 == g64) | (np.isnan(w64) & np.isnan(g64))
+            out.append(float(np.max(np.abs(np.where(same, 0.0, g64 - w64)))))
+        else:
+            out.append(0.0 if np.array_equal(w, g) else float("inf"))
+    return out
+
+
+def _within_conditioning(case: FuzzCase, mesh: Any, want: Any, got: Any, tol: str) -> bool:
+    """Whether the plan's outputs differ from jax.jit's no more than jax.jit's own outputs move
+    when every floating input changes by a few units in the last place (a relative 4 eps, random
+    signs): a program whose outputs amplify rounding that much (huge activations summed in
+    another order, a flipped argmax or tie) has no better answer to compare with. Twice the
+    reference's movement is allowed, leaf by leaf; an integer output must stay equal unless the
+    perturbation changes it too."""
+    rng = np.random.default_rng(case.seed)
+
+    def nudge(x: Any) -> Any:
+        dt = getattr(x, "dtype", None)
+        if dt is None or not jax.dtypes.issubdtype(dt, np.floating) or not x.size:
+            return x
+        sign = jax.numpy.asarray(rng.choice([-1.0, 1.0], size=x.shape), dt)
+        return x * (1 + 4 * jax.numpy.finfo(dt).eps * sign)  # keeps a committed argument's sharding
+
+    try:  # fresh arguments placed as the reference's were: the plan's run donated its state
+        args = case.example_args()
+        args = args if case.options.placement == "none" else _place(args, case.placement, mesh)
+        with _mesh_ctx(case, mesh):
+            moved, _ = _run(jax.jit(case.fn), tuple(jax.tree.map(nudge, args)), case.events)
+    except Exception:
+        return False
+    plan_diff, ref_move = _leaf_diffs(want, got), _leaf_diffs(want, moved)
+    return all(d <= 2 * m or not compare([w], [g], [""], tol)
+               for d, m, w, g in zip(plan_diff, ref_move, jax.tree.leaves(want), jax.tree.leaves(got), strict=True))
+
+
 def _check_run(case: FuzzCase, plan: Any, mesh: Any, args: tuple[Any, ...], want: Any, n_ref: int,
                out: Outcome, echo: bool) -> None:
     out.phase = "run"
@@ -230,6 +274,10 @@ def _check_run(case: FuzzCase, plan: Any, mesh: Any, args: tuple[Any, ...], want
             bad = []
         elif unstable:
             out.notes.append("jax.jit's own sharded run (GSPMD) also differs from the unsharded one")
+    if bad and _within_conditioning(case, mesh, want, got, tol):
+        out.notes.append("ill-conditioned: jax.jit's outputs move more under a rounding-size change of the "
+                         "inputs (a few ulps) than the plan's differ from them")
+        bad = []
     if n_plan != n_ref:
         bad.append(f"host callbacks ran {n_plan} times under the plan, {n_ref} under jax.jit")
     if bad:

@@ -25,7 +25,7 @@ from .egraph.run import EGraphRun, SaturationReport
 from .errors import FallbackWarning, InvalidArgumentError, InvalidMeshError, MemoryLimitWarning, NoPlanError
 from .extract.cost import CostModel
 from .extract.families import families
-from .extract.memory import MemoryEstimate, estimate_memory
+from .extract.memory import MemoryEstimate, MemoryModel
 from .extract.profile import DeviceProfile, get_profile
 from .extract.result import Extraction
 from .extract.search import (
@@ -121,9 +121,9 @@ def saturate_and_extract(
       state): each comes back as an output subtree of the same structure and keeps one layout in
       and out, so `plan.jit()` can run in a loop with no resharding between steps; their buffers
       are donated. "auto" ties every argument that comes back.
-    memory_limit: bytes per device the plan may use (arguments plus the peak of intermediates,
-      as `plan.cost.memory.total` estimates it); raises NoPlanError naming the smallest plan
-      found if none fits. "device" (the default): the profile's `memory_bytes` (H100: 60 GB,
+    memory_limit: bytes per device as XLA allocates them (`plan.cost.memory.total` estimates it; a
+      plan estimated near the limit is compiled and checked); raises NoPlanError naming the
+      smallest plan found if none fits. "device" (the default): the profile's `memory_bytes` (H100: 60 GB,
       JAX's default 75% of HBM), where no fitting plan gives the smallest one found and a
       shardsat.MemoryLimitWarning instead of an error; None: no limit.
     extraction: "greedy" (DAG-aware greedy with exact local moves), "exact" (also the integer
@@ -229,26 +229,46 @@ def _plan(req: _Request, prepared: Prepared, start: float, shown: Progress) -> P
     problem, node_cost, full_roots = _problem(program, graph, spaces, tables, model, value_space, arg_pins,
                                               out_pins, tie_pairs)
 
+    # one model per planned program: its liveness structure is built once for every plan priced
+    memory_model = MemoryModel(program, graph, spaces, ties=tuple(tie_pairs), pins=arg_pins, tables=tables)
+
     def memory_of(ex: Extraction) -> MemoryEstimate:
-        return estimate_memory(program, graph, spaces, full_roots(ex),
-                               state_args=frozenset(a for a, _ in tie_pairs),
-                               donated_outputs=frozenset(k for _, k in tie_pairs))
+        return memory_model.estimate(full_roots(ex))
 
     shown.update("extracting", f"{graph.num_classes:,} e-classes, {graph.size:,} e-nodes")
     method = "greedy" if skipped else req.extraction
-    extraction, memory = _extract(req, method, problem, node_cost, full_roots, memory_of, limit, deadline, sat)
-    t2 = time.perf_counter()
-    shown.update("done", f"{extraction.total_s * 1e6:,.1f} us predicted")
+
+    def plan_within(bound: int | None) -> Plan:
+        extraction, memory = _extract(req, method, problem, node_cost, full_roots, memory_of, bound, deadline, sat)
+        t2 = time.perf_counter()
+        report = _report(prepared, sat, graph, tables, extraction, skipped, t2 - t1, deadline)
+        return Plan(fn=req.fn, program=program, mesh=req.mesh, spaces=spaces, tables=tables, graph=graph,
+                    extraction=extraction, profile=prof, report=report, model=model, arg_pins=arg_pins,
+                    ties=tie_pairs, state_argnums=_argnums_of(program, [a for a, _ in tie_pairs]),
+                    memory=memory, origin=Origin(prepared.fingerprint, prepared.folded, prepared.rewrites))
+
+    plan = plan_within(limit)
+    if limit is not None:
+        plan = _fit_compiled(plan, limit, req, plan_within)
+    shown.update("done", f"{plan.extraction.total_s * 1e6:,.1f} us predicted")
     shown.close()
+    if limit is not None and plan.cost.memory is not None:
+        plan.report.memory_limit = limit
+        plan.report.memory_headroom = limit - plan.cost.memory.total
+    return plan
+
+
+def _report(prepared: Prepared, sat: SaturationReport, graph: ExportedGraph, tables: RuleTables,
+            extraction: Extraction, skipped: str | None, extraction_s: float, deadline: float) -> Report:
     stop = sat.stop_reason
     if time.perf_counter() > deadline and stop == StopReason.SATURATED:
         stop = StopReason.TIME_LIMIT
-    report = Report(
+    return Report(
         e_classes=graph.num_classes,
         e_nodes=sat.nodes,
         iterations=sat.iterations,
         saturation_s=sat.seconds,
-        extraction_s=t2 - t1,
+        extraction_s=extraction_s,
         stop_reason=stop,
         trace_s=prepared.trace_s,
         rules_s=sat.load_seconds,
@@ -257,29 +277,37 @@ def _plan(req: _Request, prepared: Prepared, start: float, shown: Progress) -> P
         gap=extraction.gap,
         lower_bound_s=extraction.lower_bound_s,
         exact_status=extraction.exact_status or skipped,
-        equations=len(program.equations),
+        equations=len(prepared.program.equations),
         fallbacks=[str(f) for f in tables.fallbacks],
     )
-    plan = Plan(
-        fn=req.fn,
-        program=program,
-        mesh=req.mesh,
-        spaces=spaces,
-        tables=tables,
-        graph=graph,
-        extraction=extraction,
-        profile=prof,
-        report=report,
-        model=model,
-        arg_pins=arg_pins,
-        ties=tie_pairs,
-        state_argnums=_argnums_of(program, [a for a, _ in tie_pairs]),
-        memory=memory,
-        origin=Origin(prepared.fingerprint, prepared.folded, prepared.rewrites),
-    )
-    if limit is not None and plan.cost.memory is not None:
-        report.memory_limit = limit
-        report.memory_headroom = limit - plan.cost.memory.total
+
+
+# The estimate is close to XLA's but not exact: a plan predicted above this share of the limit is
+# compiled and its memory_analysis() checked; one over the limit is planned again under a limit
+# scaled by how far the estimate was off, a few times at most.
+COMPILE_CHECK_SHARE = 0.5
+COMPILE_CHECKS = 3
+
+
+def _fit_compiled(plan: Plan, limit: int, req: _Request, plan_within: Callable[[int], Plan]) -> Plan:
+    """A plan whose compiled memory (what XLA allocates on the mesh's devices) fits `limit`:
+    `memory_limit` means what it says even where the estimate is low."""
+    bound = limit
+    for _ in range(COMPILE_CHECKS):
+        predicted = plan.cost.memory.total if plan.cost.memory is not None else None
+        if predicted is None or predicted < COMPILE_CHECK_SHARE * limit:
+            return plan
+        compiled = plan.compiled_memory(*req.example_args)
+        if compiled is None or compiled <= limit:
+            return plan
+        bound = int(bound * min(limit / compiled, 0.99))
+        try:
+            plan = plan_within(bound)
+        except MemoryNotMetError as e:
+            raise MemoryNotMetError(
+                e.smallest, e.memory,
+                f"No plan fits memory_limit={limit:,} bytes per device as compiled: the plan estimated to fit "
+                f"compiles to {compiled:,} bytes, and none estimated under {bound:,} bytes was found. {e}") from e
     return plan
 
 

@@ -222,3 +222,42 @@ def test_exact_extraction_is_skipped_on_huge_e_graphs(monkeypatch, mesh):
     plan = strict_plan(f, mesh, *args, extraction="exact")
     assert plan.report.exact_status.startswith("not run") and "exact ILP: not run" in str(plan.report)
     assert_equivalent(plan, f, *args)
+
+
+def test_embedding_gradient_on_shards_drops_the_global_result_sharding():
+    """The gradient of `jnp.take` makes its zeros with a `broadcast_in_dim` whose `sharding`
+    parameter names the traced (Auto) mesh; run inside shard_map (the table FSDP-split, the
+    gradient a pending sum) it raised "context mesh ... Manual ... should match the aval mesh ...
+    Auto". Found by the memory benchmark (tied embedding, FSDP pins, 2x4)."""
+    def loss(p, tokens):
+        x = jnp.take(p["embed"], tokens, axis=0)
+        x = x + jax.nn.gelu(x @ p["w1"]) @ p["w2"]
+        x = x * lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)
+        lp = jax.nn.log_softmax(jnp.einsum("bsd,vd->bsv", x, p["embed"]), -1)
+        return -(lp * jax.nn.one_hot(tokens, 64)).sum(-1).mean()
+
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    fn = jax.grad(loss)
+    k = jax.random.split(jax.random.key(0), 4)
+    params = {"embed": jax.random.normal(k[0], (64, 16)), "w1": jax.random.normal(k[1], (16, 32)) * 0.2,
+              "w2": jax.random.normal(k[2], (32, 16)) * 0.2}
+    tokens = jax.random.randint(k[3], (8, 4), 0, 64)
+    every = ("data", "model")
+    pins = ({"embed": P(every, None), "w1": P(None, every), "w2": P(every, None)}, P(every))
+    plan = shardsat.saturate_and_extract(fn, mesh, params, tokens, in_shardings=pins)
+    assert_equivalent(plan, fn, params, tokens)
+
+
+def test_equations_run_on_shards_lose_their_global_result_sharding():
+    """The unit behind the test above: at the memory benchmark's size (tied embedding V32768 d512,
+    FSDP pins on 2x4) the plan runs that `broadcast_in_dim` inside shard_map, where a sharding
+    over the Auto mesh is refused; smaller sizes choose other plans."""
+    from jax.sharding import NamedSharding
+
+    from shardsat.runtime.local import local_params
+
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    params = {"shape": (64, 16), "broadcast_dimensions": (), "sharding": NamedSharding(mesh, P())}
+    got = local_params("broadcast_in_dim", params, [((), ())], [((64, 16), (8, 16))])
+    assert got["sharding"] is None and got["shape"] == (8, 16)
+    assert local_params("dot_general", {"out_sharding": NamedSharding(mesh, P())}, [], [])["out_sharding"] is None

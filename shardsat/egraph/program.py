@@ -8,6 +8,7 @@ function boundaries. Everything later in the pipeline refers to values by their 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,7 +70,8 @@ class ValueInfo:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * itemsize(self.dtype)
+        """Python integers: a 2**63-element argument has more bytes than int64 holds."""
+        return math.prod(int(d) for d in self.shape) * itemsize(self.dtype)
 
 
 @dataclass

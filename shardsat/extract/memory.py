@@ -1,13 +1,23 @@
-"""Per-device memory of a plan: arguments by role, outputs, gradients and a liveness-based
-peak of intermediates, from the layouts extraction chose."""
+"""Per-device memory of a plan, as XLA allocates it: arguments, outputs and the peak of
+temporaries, from the layouts extraction chose.
+
+The compiled program's own accounting (`compiled.memory_analysis()`) is the reference: its
+footprint is arguments + outputs - aliased + temps. Arguments are the shards the program reads
+(jax.jit drops arguments nothing reads); outputs have their own buffers for the whole run, except
+those written into a donated argument's buffer (loop-carried state: aliased, counted once, as
+the argument); temps are everything else, at their peak (liveness.py).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..egraph.export import ExportedGraph
 from ..egraph.layout import SpaceTable
-from ..egraph.program import Equation, Literal, Program
+from ..egraph.program import Literal, Program
+from .buffers import Allocation, Temp
+from .liveness import Buf, Peak, PlanLiveness, Timeline, execution_order
 from .result import Extraction
 from .structure import HEAVY, heavy_roles
 
@@ -17,10 +27,11 @@ class MemoryEstimate:
     parameters: int  # arguments read by a contraction (weights)
     optimizer_state: int  # other loop-carried state (moments, counters)
     inputs: int  # other arguments (the batch)
-    gradients: int  # reduced gradients: contraction results with a weight's shape, feeding only the update
-    activations_peak: int  # peak of live intermediates (program order)
-    outputs: int  # outputs that do not reuse a donated argument buffer (also in the peak)
-    by_path: dict[str, int] = field(default_factory=dict)
+    gradients: int  # reduced gradients: contraction results with a weight's shape, feeding only the update (in the peak)
+    activations_peak: int  # peak of temporaries: every buffer that is neither an argument nor an output
+    outputs: int  # outputs not written into a donated argument's buffer
+    by_path: dict[str, int] = field(default_factory=dict)  # per argument, in its planned layout
+    unused: int = 0  # arguments the program never reads: jax.jit does not pass them (not in total)
 
     @property
     def arguments(self) -> int:
@@ -28,8 +39,151 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        """Arguments plus the peak of intermediates (outputs are live at the end of it)."""
-        return self.arguments + self.activations_peak
+        """Arguments, outputs and the peak of temporaries: XLA's argument + output - alias + temp."""
+        return self.arguments + self.outputs + self.activations_peak
+
+
+class MemoryModel:
+    """Estimates for the plans of one planned program: the program's liveness structure is
+    built once (on first use) and shared by every plan the search prices."""
+
+    def __init__(self, program: Program, graph: ExportedGraph, spaces: SpaceTable,
+                 ties: tuple[tuple[int, int], ...] = (),  # (flat argument, flat output) of loop-carried state
+                 pins: dict[int, frozenset[int]] | None = None,  # argument pins (unused ones' layout)
+                 tables: Any = None) -> None:  # rule tables: a loaded plan's operand layouts
+        self.tables = tables
+        self.program = program
+        self.graph = graph
+        self.spaces = spaces
+        self.ties = tuple(ties)
+        self.state_args = frozenset(a for a, _ in self.ties)
+        self.donated_outputs = frozenset(k for _, k in self.ties)
+        self.pins = pins or {}
+        self._timeline: Timeline | None = None
+        self._roles: tuple[list[bool], list[bool]] | None = None
+        self.last_peak: Peak | None = None
+
+    @property
+    def timeline(self) -> Timeline:
+        if self._timeline is None:
+            self._timeline = Timeline(self.program, self.graph, self.spaces, self.tables)
+        return self._timeline
+
+    def bytes_of(self, vid: int, lid: int | None) -> int:
+        v = self.program.values[vid]
+        return v.nbytes if lid is None else self.spaces.shard_bytes(self.spaces.space(v.shape, v.dtype), lid)
+
+    def estimate(self, ex: Extraction) -> MemoryEstimate:
+        if self._roles is None:
+            self._roles = heavy_roles(self.program)
+        feeds_heavy, _ = self._roles
+        prog, ch = self.program, ex.choices
+        params = opt = inputs = unused = 0
+        by_path: dict[str, int] = {}
+        for pos, vid in enumerate(prog.args):
+            grp = self.graph.value_group.get(vid)
+            lid = ch[grp].layout if grp in ch else self._pinned(pos)
+            b = self.bytes_of(vid, lid)
+            by_path[prog.arg_paths[pos]] = b
+            # roles: with loop-carried state, weights are the state a contraction reads and the
+            # rest of the state is optimizer state; without it, every argument is an input
+            if grp not in ch:
+                unused += b
+            elif pos in self.state_args and feeds_heavy[vid]:
+                params += b
+            elif pos in self.state_args:
+                opt += b
+            else:
+                inputs += b
+        outs = 0
+        for k, (o, lid) in enumerate(zip(prog.outputs, ex.root_layouts, strict=True)):
+            if isinstance(o, Literal) or k in self.donated_outputs:
+                continue
+            outs += self.bytes_of(o, lid)
+        peak = self.peak(ex)
+        return MemoryEstimate(params, opt, inputs, self.gradients(ex), peak.bytes, outs, by_path, unused)
+
+    def _pinned(self, pos: int) -> int | None:
+        """The layout an argument the plan never reads is passed in: its pin's (of a partial pin,
+        the one that splits least), as Plan.in_shardings passes it."""
+        lays = self.pins.get(pos)
+        if not lays:
+            return None
+        layouts = self.spaces.layouts
+        return min(lays, key=lambda lid: (len(layouts[lid].used_axes()), lid))
+
+    def peak(self, ex: Extraction) -> Peak:
+        """The peak of temporaries: buffers that are neither arguments, constants nor outputs,
+        less what XLA places in output and donated-argument allocations (buffers.py)."""
+        tl, prog = self.timeline, self.program
+        live = PlanLiveness(tl, ex)
+        live.run()
+        excluded: set[Buf] = set()
+        fixed: dict[Buf, Allocation] = {}
+        for vid in prog.args + prog.const_values:
+            k = tl.key(vid)
+            grp = self.graph.value_group.get(vid)
+            if k is not None and grp in ex.choices:
+                excluded.add((k, ex.choices[grp].layout))
+        donated = {k: a for a, k in self.ties}
+        copies: list[Temp] = []
+        combined = live.combined
+        end = len(tl.seq)
+        for n, (o, lid) in enumerate(zip(prog.outputs, ex.root_layouts, strict=True)):
+            k = tl.key(o) if isinstance(o, int) else None
+            if k is None or lid is None:
+                continue
+            b = (k, lid)
+            alloc = fixed.setdefault(b, Allocation(self.bytes_of(o, lid)))
+            excluded.add(b)
+            alloc.busy.append((live.born.get(b, 0), end, b in live.inplace))
+            if n in donated:  # written into the argument's buffer: busy while the argument is read
+                copies += self._donated(live, alloc, prog.args[donated[n]], k, combined)
+        self.last_peak = live.peak(excluded, list(fixed.values()), copies)
+        return self.last_peak
+
+    def _donated(self, live: PlanLiveness, alloc: Allocation, arg: int, k_out: int,
+                 combined: tuple[int, int]) -> list[Temp]:
+        """The old value of a donated argument holds its buffer until its last read; where a
+        reader is not provably before the new value's producer, XLA copies the argument first
+        and the buffer is free from the start (returns the copy)."""
+        tl, ch = self.timeline, live.ch
+        ka, grp = tl.key(arg), self.graph.value_group.get(arg)
+        if ka is None or grp not in ch:
+            return []
+        b = (ka, ch[grp].layout)
+        last = live.last.get(b, 0)
+        made = tl.made_at.get(k_out)
+        if made is None or tl.runs_before(live.direct.get(ka, set()), made, combined):
+            alloc.busy.append((0, last, False))
+            return []
+        alloc.busy.append((0, 0, False))
+        return [Temp(tl.size(*b), 0, last, tag=b)]
+
+    def gradients(self, ex: Extraction) -> int:
+        """Reduced gradients: contraction-derived values with a weight's shape that feed no
+        contraction (a part of the peak, reported on its own)."""
+        if self._roles is None:
+            self._roles = heavy_roles(self.program)
+        feeds_heavy, after_heavy = self._roles
+        prog, ch, tl = self.program, ex.choices, self.timeline
+        weight_shapes = {(prog.values[prog.args[a]].shape, str(prog.values[prog.args[a]].dtype))
+                         for a in self.state_args if feeds_heavy[prog.args[a]]}
+        grads = 0
+        seen: set[int] = set()
+        for eqn in tl.seq:
+            for o in eqn.outputs:
+                v = prog.values[o]
+                grp, k = self.graph.value_group.get(prog.alias(o)), tl.key(o)
+                if grp is None or grp not in ch or k is None or k in seen:
+                    continue
+                if eqn.name in HEAVY and after_heavy[o] and not feeds_heavy[o] and \
+                        (v.shape, str(v.dtype)) in weight_shapes and len(v.shape) >= 2:
+                    seen.add(k)
+                    c = ch[grp]
+                    reduced = [lid for lid in (*c.demanded, c.layout) if not self.spaces.layouts[lid].partial]
+                    grads += min(self.bytes_of(o, lid) for lid in reduced) if reduced else self.bytes_of(o, None)
+        return grads
 
 
 def estimate_memory(
@@ -37,112 +191,12 @@ def estimate_memory(
     graph: ExportedGraph,
     spaces: SpaceTable,
     extraction: Extraction,
-    state_args: frozenset[int] = frozenset(),  # flat positions of loop-carried state
-    donated_outputs: frozenset[int] = frozenset(),  # flat outputs written into donated buffers
+    ties: tuple[tuple[int, int], ...] = (),  # (flat argument, flat output) of loop-carried state
+    pins: dict[int, frozenset[int]] | None = None,
+    tables: Any = None,
 ) -> MemoryEstimate:
-    ch = extraction.choices
-    feeds_heavy, after_heavy = heavy_roles(program)
-
-    def bytes_of(vid: int, lid: int | None) -> int:
-        v = program.values[vid]
-        sp = spaces.space(v.shape, v.dtype)
-        return spaces.shard_bytes(sp, lid) if lid is not None else v.nbytes
-
-    params = opt = inputs = 0
-    by_path: dict[str, int] = {}
-    weight_shapes = set()
-    for pos, vid in enumerate(program.args):
-        grp = graph.value_group.get(vid)
-        lid = ch[grp].layout if grp in ch else None
-        b = bytes_of(vid, lid)
-        by_path[program.arg_paths[pos]] = b
-        # roles: with loop-carried state, weights are the state a contraction reads and the
-        # rest of the state is optimizer state; without it, every argument is an input
-        if pos in state_args and feeds_heavy[vid]:
-            params += b
-            weight_shapes.add((program.values[vid].shape, str(program.values[vid].dtype)))
-        elif pos in state_args:
-            opt += b
-        else:
-            inputs += b
-    # gradients: contraction-derived values with a weight's shape that feed no contraction
-    grads = 0
-    seen: set[int] = set()
-    sequence = execution_order(program)
-
-    def group(v: int) -> int | None:
-        return graph.value_group.get(program.alias(v))
-
-    def key(v: int) -> int | None:  # a folded loop's member is its own array
-        return -1 - v if v in program.aliases else group(v)
-
-    for eqn in sequence:
-        for o in eqn.outputs:
-            v = program.values[o]
-            grp, k = group(o), key(o)
-            if grp is None or grp not in ch or k in seen:
-                continue
-            if eqn.name in HEAVY and after_heavy[o] and not feeds_heavy[o] and \
-                    (v.shape, str(v.dtype)) in weight_shapes and len(v.shape) >= 2:
-                seen.add(k)  # type: ignore[arg-type]
-                reduced = [lid for lid in (*ch[grp].demanded, ch[grp].layout) if not spaces.layouts[lid].partial]
-                grads += min(bytes_of(o, lid) for lid in reduced) if reduced else bytes_of(o, None)
-    # peak of live intermediates, in execution order (a folded loop's body once per repeat, on
-    # each repeat's own arrays); values the e-graph merged are computed once
-    last_use: dict[int, int] = {}
-    for i, e in enumerate(sequence):
-        for a in e.inputs:
-            if isinstance(a, int) and key(a) is not None:
-                last_use[key(a)] = i  # type: ignore[index]
-    end = len(sequence)
-    in_donated: set[int] = set()
-    for k, o in enumerate(program.outputs):
-        if not isinstance(o, Literal) and key(o) is not None:
-            last_use[key(o)] = end  # type: ignore[index]
-            if k in donated_outputs:
-                in_donated.add(key(o))  # type: ignore[arg-type]  # written into the donated argument's buffer
-    events: list[tuple[int, int]] = []
-    born: set[int] = set()
-    for i, e in enumerate(sequence):
-        for o in e.outputs:
-            grp, k = group(o), key(o)
-            if grp is None or grp not in ch or k in born or k in in_donated:
-                continue
-            born.add(k)  # type: ignore[arg-type]
-            c = ch[grp]
-            size = bytes_of(o, c.layout) + sum(bytes_of(o, lid) for lid in c.demanded if lid != c.layout)
-            events.append((i, size))
-            events.append((last_use.get(k, i) + 1, -size))  # type: ignore[arg-type]
-    events.sort()
-    live = peak = 0
-    for _, d in events:
-        live += d
-        peak = max(peak, live)
-    outs = 0
-    for k, (o, lid) in enumerate(zip(program.outputs, extraction.root_layouts, strict=True)):
-        if isinstance(o, Literal) or k in donated_outputs:
-            continue
-        outs += bytes_of(o, lid)
-    return MemoryEstimate(params, opt, inputs, grads, peak, outs, by_path)
+    """One plan's estimate (MemoryModel.estimate, for callers that price a single plan)."""
+    return MemoryModel(program, graph, spaces, ties, pins, tables).estimate(extraction)
 
 
-def execution_order(program: Program) -> list[Equation]:
-    """The equations as the runtime runs them: a folded loop's body is replayed once per repeat,
-    as that repeat's original equations (on its own arrays)."""
-    bodies: dict[int, list[int]] = {}
-    for eqn in program.equations:
-        if eqn.region is not None and program.scans[eqn.region].folded:
-            bodies.setdefault(eqn.region, []).append(eqn.index)
-    out: list[Equation] = []
-    for eqn in program.equations:
-        s = eqn.region
-        if s is None or s not in bodies:
-            out.append(eqn)
-            continue
-        if eqn.index != bodies[s][0]:
-            continue
-        reg = program.scans[s]
-        for j in range(reg.length):
-            for t in bodies[s]:
-                out.append(reg.replay[t][j])
-    return out
+__all__ = ["MemoryEstimate", "MemoryModel", "estimate_memory", "execution_order"]

@@ -260,12 +260,12 @@ def memory_chart(plan: Plan) -> str:
     if mem is None:
         return ""
     parts = [("parameters", mem.parameters), ("optimizer state", mem.optimizer_state), ("inputs", mem.inputs),
-             ("activations peak", mem.activations_peak)]
+             ("activations peak", mem.activations_peak), ("outputs", mem.outputs)]  # the total's parts
     rows: list[Bar] = [("total", [(float(v), MEMORY_COLOURS[i], f"{k} {fmt_bytes(v)}") for i, (k, v) in enumerate(parts)],
                         fmt_bytes(mem.total))]
     rows += [(k, [(float(v), MEMORY_COLOURS[i], k)], fmt_bytes(v)) for i, (k, v) in enumerate(parts) if v]
     if mem.gradients:
-        rows.append(("gradients (in the peak)", [(float(mem.gradients), MEMORY_COLOURS[4], "gradients")],
+        rows.append(("gradients (in the peak)", [(float(mem.gradients), MEMORY_COLOURS[5], "gradients")],
                      fmt_bytes(mem.gradients)))
     return bar_chart_svg(rows, "Estimated memory per device")
 

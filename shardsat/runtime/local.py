@@ -48,12 +48,18 @@ LOCALIZE: dict[str, Callable[..., dict[str, Any]]] = {
 }
 
 
+GLOBAL_SHARDING = ("sharding", "out_sharding")
+
+
 def local_params(
     name: str,
     params: dict[str, Any],
     ins: list[tuple[Shape, Shape]],  # (global, local) shape of each operand
     outs: list[tuple[Shape, Shape]],  # (global, local) shape of each result
 ) -> dict[str, Any]:
+    # a result sharding traced under the plan's mesh names its global (Auto) axes; inside
+    # shard_map the axes are Manual and the result is a local block: no sharding to give
+    params = {k: None if k in GLOBAL_SHARDING and v is not None else v for k, v in params.items()}
     fn = LOCALIZE.get(name)
     if fn is None:
         return params

@@ -393,6 +393,19 @@ class Plan:
         return jax.tree_util.tree_unflatten(self.program.out_tree, leaves)
 
     # -- running --------------------------------------------------------------------------------
+    def compiled_memory(self, *args: Any) -> int | None:
+        """Bytes per device XLA allocates for this plan, compiled for the mesh's devices with
+        loop-carried state donated: memory_analysis()'s arguments + outputs - aliased + temps.
+        None where the backend does not report it. The reference for `cost.memory`."""
+        ma = self.jit().lower(*args).compile().memory_analysis()
+        if ma is None:
+            return None
+        parts = [getattr(ma, f"{n}_size_in_bytes", None) for n in ("argument", "output", "alias", "temp")]
+        if any(p is None for p in parts):
+            return None
+        arg, out, alias, temp = (int(p) for p in parts)  # type: ignore[arg-type]
+        return arg + out - alias + temp
+
     def jit(self, *, donate_argnums: tuple[int, ...] | None = None) -> Any:
         """`jax.jit` of the planned program with the plan's shardings. Loop-carried state
         (`state_argnums`) is donated unless `donate_argnums` says otherwise."""
@@ -521,7 +534,7 @@ class Plan:
         for pos, vid in enumerate(self.program.args):
             v = self.program.values[vid]
             sp = self.spaces.space(v.shape, v.dtype)
-            lid = self.produced.get(vid)
+            lid = self.produced.get(vid, self._pinned(pos))  # an unused argument: as in_shardings passes it
             b = self.spaces.shard_bytes(sp, lid) if lid is not None else v.nbytes
             by_path[self.program.arg_paths[pos]] = b
             arg_bytes += b
@@ -534,7 +547,7 @@ class Plan:
         if memory is None:
             memory = estimate_memory(
                 self.program, self.graph, self.spaces, ex,
-                state_args=frozenset(a for a, _ in self.ties), donated_outputs=frozenset(k for _, k in self.ties))
+                ties=tuple(self.ties), pins=self.arg_pins, tables=self.tables)
         flops = update = update_full = 0.0
         if self.model is not None:
             before, after = heavy_roles(self.program)

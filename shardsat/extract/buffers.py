@@ -1,0 +1,96 @@
+"""XLA's buffer assignment, reduced to what decides its temp size.
+
+After scheduling, XLA gives every buffer an allocation (`xla/service/buffer_assignment.cc`):
+- a buffer computed by an elementwise or in-place op may take over an operand's buffer that dies
+  there (`CanShareOperandBufferWithUser`): the two never count together;
+- output and donated-argument allocations are reused by any temporary that fits in size and in
+  time (an output is live from its definition to the end, a donated argument from the start to
+  its last read; before and between, their memory holds temporaries, largest first);
+- what is left is packed by a heap simulator: its size is the peak of the live temporaries (the
+  packing's fragmentation is small next to the estimate's other errors).
+The temp size XLA reports is that last heap; outputs and arguments are reported apart.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Temp:
+    """A temporary buffer: live from `start` to `end` (inclusive, positions in the schedule)."""
+
+    size: int
+    start: int
+    end: int
+    inplace: bool = False  # made by an op that may write into an operand dying at `start`
+    tag: object = None
+
+
+@dataclass
+class Allocation:
+    """An output or donated-argument allocation: `busy` holds the (start, end) spans its own
+    values use; other buffers may live in the gaps."""
+
+    size: int
+    busy: list[tuple[int, int, bool]] = field(default_factory=list)  # (start, end, made in place)
+
+    def fits(self, t: Temp) -> bool:
+        """No overlap in time, where an in-place op may write into the operand that dies as it
+        starts (either way round)."""
+        lo = t.start + 1 if t.inplace else t.start
+        return all(t.end < s or lo > e or (inplace and t.end == s) for s, e, inplace in self.busy)
+
+
+def share_inplace(temps: list[Temp]) -> None:
+    """An in-place capable temp takes over one operand of its size whose last read is its own
+    definition: that operand ends a step earlier (both never count at once)."""
+    dying: dict[tuple[int, int], list[Temp]] = {}
+    for t in temps:
+        dying.setdefault((t.end, t.size), []).append(t)
+    for t in temps:
+        if not t.inplace:
+            continue
+        cands = dying.get((t.start, t.size))
+        while cands:
+            op = cands.pop()
+            if op is not t and op.start <= t.start:
+                op.end = t.start - 1
+                break
+
+
+def reuse_fixed(temps: list[Temp], fixed: list[Allocation]) -> list[Temp]:
+    """Temporaries placed, largest first, in the smallest output or donated-argument allocation
+    they fit (size and time); returns the ones left for the heap."""
+    allocs = sorted((a for a in fixed if a.size > 0), key=lambda a: a.size)
+    sizes = [a.size for a in allocs]
+    left: list[Temp] = []
+    for t in sorted(temps, key=lambda t: (-t.size, t.start)):
+        i = bisect.bisect_left(sizes, t.size)
+        for a in allocs[i:]:
+            if a.fits(t):
+                a.busy.append((t.start, t.end, t.inplace))
+                break
+        else:
+            left.append(t)
+    return left
+
+
+def heap_peak(temps: list[Temp]) -> tuple[int, int]:
+    """(peak bytes, time of the peak) of temporaries live at once."""
+    events: list[tuple[int, int]] = []
+    for t in temps:
+        if t.end >= t.start and t.size > 0:
+            events.append((t.start, t.size))
+            events.append((t.end + 1, -t.size))
+    events.sort()
+    live = best = best_t = 0
+    for time, d in events:
+        live += d
+        if live > best:
+            best, best_t = live, time
+    return best, best_t
+
+
+__all__ = ["Allocation", "Temp", "heap_peak", "reuse_fixed", "share_inplace"]

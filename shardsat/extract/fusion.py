@@ -1,0 +1,141 @@
+"""Which values XLA materialises in memory, after its fusion passes.
+
+XLA fuses chains of elementwise ops (with broadcasts, reshapes, slices, pads, concatenations
+and transposes) into one kernel that writes only its result: the intermediates never exist as
+buffers. A value is materialised when something cannot read it from inside a fused kernel: a
+contraction, a sort or a collective reads whole buffers; a loop or branch boundary, a program
+output or an in-place update needs one. An expensive elementwise op (exp, log, tanh, divide,
+rsqrt, ...) read by several kernels is computed once and stored, not recomputed in each
+(XLA's `InstructionFusion::IsExpensive`); a cheap one is duplicated into each reader. XLA:CPU
+also keeps a reduction over major dimensions apart from its producer. This table is the memory
+model's view of `xla/service/instruction_fusion.cc` and `cpu/cpu_instruction_fusion.cc`.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from ..egraph.program import Equation
+
+
+class Fuse(IntEnum):
+    CHEAP = 0  # elementwise-like, duplicated into every reader
+    EXPENSIVE = 1  # elementwise but stored when several kernels read it
+    REDUCE = 2  # a fusion root that reads fused producers and writes a (smaller) buffer
+    GATHER = 3  # reads a materialised table; fuses into one reader
+    INPLACE = 4  # updates a buffer in place (scatter, dynamic-update-slice)
+    OPAQUE = 5  # reads and writes whole buffers (dot, conv, sort, collectives, loops)
+
+
+CHEAP = frozenset({
+    "add", "add_any", "sub", "mul", "neg", "max", "min", "select_n", "convert_element_type", "eq",
+    "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "abs", "sign", "floor", "ceil", "round",
+    "is_finite", "copy", "copy_p", "square", "clamp", "nextafter", "shift_left", "shift_right_logical",
+    "shift_right_arithmetic", "population_count", "clz", "reduce_precision", "real", "imag", "conj",
+    "complex", "bitcast_convert_type", "integer_pow", "stop_gradient", "sharding_constraint",
+    "device_put", "reshard", "empty", "empty2", "broadcast_in_dim", "reshape", "squeeze",
+    "expand_dims", "iota", "slice", "pad", "concatenate", "rev", "dynamic_slice", "transpose",
+    "split", "stack", "unstack", "tile", "scan_slice", "sin", "cos", "eq_to", "le_to", "lt_to",
+})
+EXPENSIVE = frozenset({
+    "div", "rem", "exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "cbrt",
+    "pow", "erf", "erfc", "erf_inv", "atan2", "tan", "asin", "acos", "atan", "asinh", "acosh", "atanh",
+    "sinh", "cosh", "lgamma", "digamma", "igamma", "igammac", "bessel_i0e", "bessel_i1e", "polygamma",
+    "zeta", "regularized_incomplete_beta", "random_gamma_grad", "threefry2x32",
+})
+REDUCE = frozenset({
+    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
+    "argmax", "argmin",
+})
+INPLACE = frozenset({"dynamic_update_slice", "scatter", "scatter-add", "scatter_add", "scatter_mul",
+                     "scatter_min", "scatter_max", "scatter_sub", "scatter_apply"})
+# results XLA may write into an operand's buffer when that operand dies there (a sort sorts its
+# operand's buffer in place)
+INPLACE_KINDS = frozenset({Fuse.CHEAP, Fuse.EXPENSIVE, Fuse.INPLACE})
+INPLACE_OPAQUE = frozenset({"sort"})
+
+
+def in_place(eqn: Equation) -> bool:
+    return kind(eqn) in INPLACE_KINDS or eqn.name in INPLACE_OPAQUE
+# readers that re-read each operand element many times: an expensive producer is stored for them
+REREADS = frozenset({"broadcast_in_dim", "pad", "concatenate", "tile"})
+
+
+def kind(eqn: Equation) -> Fuse:
+    name = eqn.name
+    if name in CHEAP:
+        return Fuse.CHEAP
+    if name in EXPENSIVE:
+        return Fuse.EXPENSIVE
+    if name in REDUCE:
+        return Fuse.REDUCE
+    if name == "gather":
+        return Fuse.GATHER
+    if name in INPLACE or name.startswith("scatter"):
+        return Fuse.INPLACE
+    return Fuse.OPAQUE
+
+
+def reads_whole(eqn: Equation, pos: int, rank: int) -> bool:
+    """Does this reader need its operand `pos` (of rank `rank`) materialised, unable to fuse its
+    producer?"""
+    k = kind(eqn)
+    if k == Fuse.OPAQUE:
+        return True
+    if k in (Fuse.INPLACE, Fuse.GATHER):  # the updated buffer, the table; updates and indices fuse
+        return pos == 0
+    if k == Fuse.REDUCE:  # XLA:CPU fuses producers into reductions of the minor dimension only
+        return rank > 0 and (rank - 1) not in tuple(eqn.params.get("axes", ()))
+    return False
+
+
+def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: bool) -> bool:
+    """Is the result of `eqn` a buffer? `readers`: the equations that read it; `whole_read`: one
+    of them cannot fuse it; `boundary`: it leaves the program or crosses a region boundary."""
+    k = kind(eqn)
+    if boundary or whole_read or k in (Fuse.REDUCE, Fuse.INPLACE, Fuse.OPAQUE) or not readers:
+        return True
+    if eqn.name == "broadcast_in_dim" and any(r.name == "reshape" for r in readers):
+        return True  # a reshape that interleaves broadcast dimensions is no bitcast: XLA:CPU writes it out
+    if k in (Fuse.EXPENSIVE, Fuse.GATHER):
+        return len({id(r) for r in readers}) > 1 or any(r.name in REREADS for r in readers)
+    return False
+
+
+def transposed_operands(eqn: Equation, ranks: tuple[int, ...]) -> list[int]:
+    """Operands of a dot XLA copies into another dimension order: a dot with several contracting
+    or free dimensions is rewritten to [batch, free, contracting] x [batch, contracting, free]
+    (DotDecomposer); an operand not already in that order is transposed into a new buffer. A
+    plain matrix product takes either orientation as it is. A convolution's operands are
+    transposed into the layout its kernel takes (see _conv_transposed)."""
+    if eqn.name == "conv_general_dilated" and len(ranks) == 2:
+        return _conv_transposed(eqn, ranks)
+    if eqn.name != "dot_general" or len(ranks) != 2:
+        return []
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    out = []
+    for pos, (contract, batch, rank) in enumerate(((lc, lb, ranks[0]), (rc, rb, ranks[1]))):
+        free = [d for d in range(rank) if d not in contract and d not in batch]
+        if len(contract) <= 1 and len(free) <= 1:
+            continue
+        order = [*batch, *free, *contract] if pos == 0 else [*batch, *contract, *free]
+        if [int(d) for d in order] != list(range(rank)):
+            out.append(pos)
+    return out
+
+
+def _conv_transposed(eqn: Equation, ranks: tuple[int, ...]) -> list[int]:
+    """XLA:CPU convolves an input laid out (batch, spatial..., feature) with a kernel laid out
+    (spatial..., in-feature, out-feature): an operand whose dimension numbers say otherwise
+    (the weight gradient's convolution swaps batch and feature) is transposed into a copy."""
+    dn = eqn.params.get("dimension_numbers")
+    if dn is None or not hasattr(dn, "lhs_spec"):
+        return []
+    lhs, rhs = tuple(int(d) for d in dn.lhs_spec), tuple(int(d) for d in dn.rhs_spec)
+    out = []
+    if (lhs[0], *lhs[2:], lhs[1]) != tuple(range(ranks[0])):
+        out.append(0)
+    if (*rhs[2:], rhs[1], rhs[0]) != tuple(range(ranks[1])):
+        out.append(1)
+    return out
+

@@ -1,0 +1,557 @@
+"""The peak of temporary buffers XLA allocates for a plan: liveness of the buffers the plan
+materialises (see fusion.py), in the order the runtime traces the program.
+
+XLA's memory analysis splits a program's memory into arguments, outputs (their own buffers,
+whole from the start: a donated argument's buffer holds the output written into it) and temps:
+every other buffer, packed by its heap simulator. Temps here are the materialised results of
+equations, the per-layout copies a plan's collectives make (an all-gathered weight lives from
+its first reader to its last, forward and backward alike), and the full-size buffer of a
+reduce-scatter that XLA:CPU runs as an all-reduce and a slice. A fused value is read where its
+fused readers run: its own operands stay live until then.
+
+Loops run their body once per iteration on the same buffers, so a body's temps count once,
+while stacked outputs and final carries are allocated when the loop starts. A branch runs alone:
+the other branches' temps are never live with it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..egraph.export import ExportedGraph, NodeKind
+from ..egraph.layout import SpaceTable
+from ..egraph.program import Equation, Literal, Program
+from . import fusion
+from .buffers import Allocation, Temp, heap_peak, reuse_fixed, share_inplace
+from .result import Extraction, GroupChoice
+
+if TYPE_CHECKING:
+    from ..rules.apply import RuleTables
+
+Key = int  # a value group, or -1 - v for a folded loop member v (each repeat's own array)
+Buf = tuple[Key, int]  # (key, layout)
+
+
+@dataclass
+class Peak:
+    bytes: int
+    time: int  # position in the execution order
+    live: list[tuple[Buf, int]]  # buffers live at the peak and their sizes (largest first)
+
+
+class Timeline:
+    """What of a program's liveness does not depend on the plan: the execution order, who reads
+    what, which results XLA keeps whole. Built once per planned program; `peak` runs per plan."""
+
+    def __init__(self, program: Program, graph: ExportedGraph, spaces: SpaceTable,
+                 tables: RuleTables | None = None) -> None:
+        self.program = program
+        self.graph = graph
+        self.spaces = spaces
+        self.tables = tables  # the strategies, where the graph has no children (a loaded plan)
+        self.seq = execution_order(program)
+        self._keys()
+        self._static_stored()
+        if all(reg.folded for reg in program.scans):  # loops and branches keep their own order
+            self.seq = bfs_order(self.seq, [any(self.stored.get(k, True) for k in ks) for ks in self.first])
+            self._keys()
+        self._regions()
+        self._dependencies()
+
+    # -- static structure ---------------------------------------------------------------------
+    def key(self, v: int) -> Key | None:
+        prog = self.program
+        if v in prog.aliases:
+            return -1 - v
+        return self.graph.value_group.get(prog.alias(v))
+
+    def _keys(self) -> None:
+        """Per position: the output keys it is the first to compute (later equal equations do not
+        run: the e-graph merged them), and every key's representative value."""
+        self.rep: dict[Key, int] = {}
+        self.first: list[list[Key]] = []
+        for e in self.seq:
+            mine = []
+            for o in e.outputs:
+                k = self.key(o)
+                if k is not None and k not in self.rep:
+                    self.rep[k] = o
+                    mine.append(k)
+            self.first.append(mine)
+        for v in self.program.args + self.program.const_values:
+            k = self.key(v)
+            if k is not None:
+                self.rep.setdefault(k, v)
+
+    def _dependencies(self) -> None:
+        """Per position: the positions it depends on (a bitset) and, for a fused result, the
+        stored positions that read it (each computes it again). XLA writes a donated argument's
+        new value into its buffer only where every reader of the old one provably runs first
+        (copy insertion, on dependencies): these say which readers do."""
+        self.transposes: dict[int, list[int]] = {}  # dot position -> operands XLA transposes
+        for t, e in enumerate(self.seq):
+            ops = [a for a in e.inputs if isinstance(a, int)]
+            if len(ops) == len(e.inputs) == 2:
+                tr = fusion.transposed_operands(e, tuple(len(self.program.values[a].shape) for a in ops))
+                if tr:
+                    self.transposes[t] = tr
+        made_at: dict[Key, int] = {}
+        for t, ks in enumerate(self.first):
+            for k in ks:
+                made_at[k] = t
+        self.made_at = made_at
+        self.anc: list[int] = []
+        deps: list[set[int]] = []
+        for t, e in enumerate(self.seq):
+            mine = {made_at[k] for a in e.inputs if isinstance(a, int)
+                    for k in [self.key(a)] if k is not None and made_at.get(k, t) < t}
+            deps.append(mine)
+            bits = 0
+            for d in mine:
+                bits |= self.anc[d] | (1 << d)
+            self.anc.append(bits)
+        runs = [not ks or any(self.stored.get(k, True) for k in ks) for ks in self.first]
+        readers: list[set[int]] = [set() for _ in self.seq]
+        for t in range(len(self.seq)):
+            for d in deps[t]:
+                readers[d].add(t)
+        self.mreaders: dict[int, frozenset[int]] = {}
+        for t in range(len(self.seq) - 1, -1, -1):
+            if not runs[t]:
+                self.mreaders[t] = frozenset(r2 for r in readers[t]
+                                             for r2 in (self.mreaders.get(r, frozenset({r}))))
+
+    def runs_before(self, readers: set[int], t: int, combined: tuple[int, int] = (0, 0)) -> bool:
+        """Do all `readers` (positions) run before position t, by dependency (or are t)?
+        `combined`: (sources, their ancestors) of the reductions XLA combines into one
+        all-reduce: what depends on one of them depends on all."""
+        anc = self.anc[t]
+        if anc & combined[0]:
+            anc |= combined[1]
+        for r in readers:
+            for r2 in self.mreaders.get(r, (r,)):
+                if r2 != t and not (anc >> r2) & 1:
+                    return False
+        return True
+
+    def _regions(self) -> None:
+        """Loop regions (real scans and while loops) and when each starts; carry inputs read the
+        loop's state, which is the final carry's buffer."""
+        prog = self.program
+        self.start: dict[int, int] = {}
+        for t, e in enumerate(self.seq):
+            r = e.region
+            while r is not None:
+                self.start.setdefault(r, t)
+                r = prog.scans[r].parent
+        self.redirect: dict[Key, Key] = {}
+        for reg in prog.scans:
+            if reg.folded or reg.kind not in ("scan", "while"):
+                continue
+            for cin, fin in zip(reg.carry_in, reg.final, strict=True):
+                kc, kf = self.key(cin), self.key(fin)
+                if kc is not None and kf is not None and kc != kf:
+                    self.redirect[kc] = kf
+                    self.rep.setdefault(kc, cin)
+
+    def birth_time(self, t: int) -> int:
+        """A loop's stacked outputs and final carries exist from the loop's start."""
+        e = self.seq[t]
+        if e.name in ("scan_final", "scan_stack"):
+            return self.start.get(e.params["scan"], t)
+        if e.name == "cond_merge":
+            return min((self.start.get(r, t) for r in e.params["cond"]), default=t)
+        return t
+
+    def _static_stored(self) -> None:
+        """Which keys XLA keeps as buffers whatever the layouts (fusion.stored)."""
+        prog = self.program
+        readers: dict[Key, list[Equation]] = {}
+        whole: set[Key] = set()
+        for e in self.seq:
+            if e.name == "cond_merge":
+                continue  # a branch writes its results into the conditional's buffer
+            for pos, a in enumerate(e.inputs):
+                if isinstance(a, Literal):
+                    continue
+                k = self.key(a)
+                if k is None:
+                    continue
+                readers.setdefault(k, []).append(e)
+                if fusion.reads_whole(e, pos, len(prog.values[a].shape)):
+                    whole.add(k)
+        boundary: set[Key] = set()
+        for o in prog.outputs:
+            if isinstance(o, int) and self.key(o) is not None:
+                boundary.add(self.key(o))  # type: ignore[arg-type]
+        for reg in prog.scans:
+            if reg.folded:
+                continue
+            for a in [*reg.init, *reg.carry_out, *reg.xs, *reg.ys, *reg.outs, reg.pred, *reg.extra_reads]:
+                if isinstance(a, int) and self.key(a) is not None:
+                    boundary.add(self.key(a))  # type: ignore[arg-type]
+        self.n_readers = {k: len(r) for k, r in readers.items()}
+        self.stored: dict[Key, bool] = {}
+        for t, e in enumerate(self.seq):
+            for k in self.first[t]:
+                self.stored[k] = fusion.stored(e, readers.get(k, []), k in whole, k in boundary)
+        self.readers_whole = whole
+
+    # -- per plan -----------------------------------------------------------------------------
+    def operand_layouts(self, t: int, ch: dict[int, GroupChoice]) -> list[int | None]:
+        """The layout each non-literal operand of the equation at `t` is read in, by the plan."""
+        e = self.seq[t]
+        for o in e.outputs:
+            grp = self.graph.value_group.get(self.program.alias(o))
+            if grp in ch:
+                node = ch[grp].node
+                if NodeKind(int(self.graph.node_kind[node])) == NodeKind.LOCAL:
+                    kids = self.graph.children(node)
+                    if len(kids) or self.tables is None or not e.inputs:
+                        return [int(self.graph.class_layout[c]) for c in kids]
+                    # a loaded plan's graph keeps the chosen nodes only: its strategy's operands
+                    key = self.tables.output_key.get(o, self.tables.output_key.get(self.program.alias(o)))
+                    if key is None:
+                        return []
+                    info, _ = self.tables.info(key)
+                    return [int(x) for x in info.strategies[int(self.graph.node_a[node])].ins]
+        return []
+
+    def size(self, k: Key, lid: int) -> int:
+        v = self.program.values[self.rep[k]]
+        return self.spaces.shard_bytes(self.spaces.space(v.shape, v.dtype), lid)
+
+
+def execution_order(program: Program) -> list[Equation]:
+    """The equations as the runtime runs them: a folded loop's body is replayed once per repeat,
+    as that repeat's original equations (on its own arrays)."""
+    bodies: dict[int, list[int]] = {}
+    for eqn in program.equations:
+        if eqn.region is not None and program.scans[eqn.region].folded:
+            bodies.setdefault(eqn.region, []).append(eqn.index)
+    out: list[Equation] = []
+    for eqn in program.equations:
+        s = eqn.region
+        if s is None or s not in bodies:
+            out.append(eqn)
+            continue
+        if eqn.index != bodies[s][0]:
+            continue
+        reg = program.scans[s]
+        for j in range(reg.length):
+            for t in bodies[s]:
+                out.append(reg.replay[t][j])
+    return out
+
+
+def bfs_order(seq: list[Equation], runs: list[bool]) -> list[Equation]:
+    """The equations in the order XLA:CPU schedules its instructions: breadth first (its
+    concurrency-optimised scheduler, Kahn's algorithm with a FIFO queue), which runs, for
+    instance, every all-gather of a weight before the first layer. `runs[i]`: equation i is an
+    instruction of its own; the others (fused into their readers, or computed before) pass
+    readiness on at once."""
+    producer: dict[int, int] = {}
+    for i, e in enumerate(seq):
+        for o in e.outputs:
+            producer.setdefault(o, i)
+    users: list[list[int]] = [[] for _ in seq]
+    indeg = [0] * len(seq)
+    last_effect = None
+    for i, e in enumerate(seq):
+        deps = {producer[a] for a in e.inputs if isinstance(a, int) and producer.get(a, i) < i}
+        if e.effects:
+            if last_effect is not None:
+                deps.add(last_effect)
+            last_effect = i
+        indeg[i] = len(deps)
+        for d in deps:
+            users[d].append(i)
+    order: list[int] = []
+    queue: deque[int] = deque()
+
+    def ready(i: int) -> None:
+        if runs[i]:
+            queue.append(i)
+            return
+        order.append(i)
+        for u in users[i]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                ready(u)
+
+    for i in range(len(seq)):
+        if indeg[i] == 0:
+            ready(i)
+    while queue:
+        i = queue.popleft()
+        order.append(i)
+        for u in users[i]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                ready(u)
+    return [seq[i] for i in order] if len(order) == len(seq) else seq
+
+
+class PlanLiveness:
+    """One plan's buffers on a Timeline: when each is made and last read."""
+
+    def __init__(self, tl: Timeline, ex: Extraction) -> None:
+        self.tl = tl
+        self.ex = ex
+        self.ch = ex.choices
+        self.produced: dict[Key, int] = {}
+        self.step_to: dict[Buf, object] = {}
+        for k, v in tl.rep.items():
+            grp = tl.graph.value_group.get(tl.program.alias(v))
+            c = self.ch.get(grp) if grp is not None else None
+            if c is not None:
+                self.produced[k] = c.layout
+                for s in c.steps:
+                    self.step_to[(k, s.dst)] = s
+        for kc, kf in tl.redirect.items():
+            if kf in self.produced:
+                self.produced[kc] = self.produced[kf]
+        self.born: dict[Buf, int] = {}
+        self.inplace: set[Buf] = set()  # made by an op that may write into a dying operand
+        self.direct: dict[Key, set[int]] = {}  # positions that read a key in its produced layout
+        self.view_readers: dict[Buf, set[int]] = {}  # positions that read a view
+        self.combined: tuple[int, int] = (0, 0)  # the combined all-reduce: sources, their ancestors
+        self.last: dict[Buf, int] = {}
+        self.ev: dict[Key, tuple[int, int]] = {}  # a fused value: (first, last) time its readers run
+        self.transient: list[tuple[int, int, int]] = []  # (start, end, bytes) of buffers no value names
+
+    def run(self) -> None:
+        tl = self.tl
+        reads = self._reads()
+        self._stored(reads)
+        for t in range(len(tl.seq) - 1, -1, -1):
+            outs = [k for k in tl.first[t] if k in self.produced]
+            if not outs and not (tl.seq[t].effects and not tl.seq[t].outputs):
+                continue
+            if not outs or any(self.stored[k] for k in outs):
+                lo = hi = t
+            else:
+                spans = [self.ev[k] for k in outs if k in self.ev]
+                if not spans:
+                    continue  # read by nothing
+                lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
+            inplace = fusion.in_place(tl.seq[t])
+            for k in outs:
+                self.born[(k, self.produced[k])] = tl.birth_time(t)
+                if inplace:
+                    self.inplace.add((k, self.produced[k]))
+            copied = tl.transposes.get(t, ())
+            for pos, (ka, lid, whole) in enumerate(reads[t]):
+                if lid is not None and lid != self.produced.get(ka):
+                    self.view_readers.setdefault((ka, lid), set()).add(t)
+                c = self._copy_time(t, ka, lid) if pos in copied else lo
+                self.read(ka, lid, min(c, lo), c if pos in copied else hi, whole)
+            for c, (ka, lid, whole) in self._recomputed(t, reads):
+                self.read(ka, lid, min(c, lo), c, whole)
+        self._init_reads()
+        end = len(tl.seq)
+        for o, lid in zip(tl.program.outputs, self.ex.root_layouts, strict=True):
+            k = tl.key(o) if isinstance(o, int) else None
+            if k is not None and lid is not None:  # an output in another layout is a view too
+                self.read(tl.redirect.get(k, k), lid, end, end, True)
+        self._views()
+        self._combine()
+        self._transposes(reads)
+
+    def _reads(self) -> list[list[tuple[Key, int | None, bool]]]:
+        tl, prog = self.tl, self.tl.program
+        out: list[list[tuple[Key, int | None, bool]]] = []
+        for t, e in enumerate(tl.seq):
+            row: list[tuple[Key, int | None, bool]] = []
+            if any(k in self.produced for k in tl.first[t]) or (e.effects and not e.outputs):
+                lids = iter(tl.operand_layouts(t, self.ch))
+                for pos, a in enumerate(e.inputs):
+                    if isinstance(a, Literal):
+                        continue
+                    lid = next(lids, None)
+                    k = tl.key(a)
+                    if k is None or (e.name == "cond_merge" and pos > 0):
+                        continue
+                    k = tl.redirect.get(k, k)
+                    whole = fusion.reads_whole(e, pos, len(prog.values[a].shape))
+                    row.append((k, lid, whole))
+                    if lid is None or lid == self.produced.get(k) or self._fused_slice(k, lid, whole):
+                        self.direct.setdefault(k, set()).add(t)
+            out.append(row)
+        return out
+
+    def _combine(self) -> None:
+        """XLA:CPU combines all-reduces that do not depend on one another into one (a
+        reduce-scatter is an all-reduce there): the last wave of reductions (the gradients' and
+        the loss's, that no other reduction waits for) runs once all their sources exist, which
+        stay live until then. `combined`: (sources, their ancestors) as bitsets of positions."""
+        tl = self.tl
+        reds = []
+        for b, s in self.step_to.items():
+            src = tl.made_at.get(b[0])
+            if s.kind in (NodeKind.ALL_REDUCE, NodeKind.REDUCE_SCATTER) and b in self.born and src is not None:  # type: ignore[attr-defined]
+                bits = 0
+                for p in self.view_readers.get(b, ()):
+                    bits |= 1 << p
+                reds.append((b, s, src, bits))
+        sinks = [r for r in reds if not any(r2 is not r and (tl.anc[r2[2]] | (1 << r2[2])) & r[3] for r2 in reds)]
+        if len(sinks) > 1:
+            when = max(self.born.get((b[0], s.src), 0) for b, s, _, _ in sinks)  # type: ignore[attr-defined]
+            for b, s, _, _ in sinks:
+                self.read(b[0], s.src, when, when, True)  # type: ignore[attr-defined]
+        every = 0
+        for _, _, src, _ in reds:
+            every |= 1 << src
+        bits = anc = 0
+        for _, _, src, _ in reds:  # the first wave: what one update waits for, all wait for
+            if not tl.anc[src] & every:
+                bits |= 1 << src
+                anc |= tl.anc[src] | (1 << src)
+        self.combined = (bits, anc)
+
+    def _fused_slice(self, k: Key, lid: int, whole: bool) -> bool:
+        """A slice its reader fuses (it reads the source buffer itself)."""
+        s = self.step_to.get((k, lid))
+        return s is not None and s.kind == NodeKind.DYN_SLICE and not whole  # type: ignore[attr-defined]
+
+    def _stored(self, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
+        """The static choice, plus: a value a collective reads is a buffer; so is a slice a
+        contraction reads."""
+        self.stored = dict(self.tl.stored)
+        self.view_whole: set[Buf] = set()
+        for row in reads:
+            for k, lid, whole in row:
+                if whole and lid is not None:
+                    self.view_whole.add((k, lid))
+        for (k, _), s in self.step_to.items():
+            if s.src == self.produced.get(k) and (s.kind != NodeKind.DYN_SLICE or (k, s.dst) in self.view_whole):
+                self.stored[k] = True
+
+    def read(self, k: Key, lid: int | None, lo: int, hi: int, whole: bool) -> None:
+        p = self.produced.get(k)
+        if p is None:
+            return
+        if lid is None or lid == p:
+            if self.stored.get(k, True):
+                b = (k, p)
+                self.last[b] = max(self.last.get(b, hi), hi)
+            else:
+                first, last = self.ev.get(k, (lo, hi))
+                self.ev[k] = (min(first, lo), max(last, hi))
+            return
+        s = self.step_to.get((k, lid))
+        if s is None:
+            return
+        if s.kind == NodeKind.DYN_SLICE and not whole:  # the slice fuses into its reader
+            self.read(k, s.src, lo, hi, whole)
+            return
+        b = (k, lid)
+        self.born[b] = min(self.born.get(b, lo), lo)
+        self.last[b] = max(self.last.get(b, hi), hi)
+
+    def _copy_time(self, t: int, k: Key, lid: int | None) -> int:
+        """When the transposed copy of a dot operand is made: right after the operand is (the
+        dot at `t` reads the copy, not the operand); for a view, at the dot."""
+        src = self.tl.made_at.get(k)
+        if src is None or (lid is not None and lid != self.produced.get(k)):
+            return t
+        return min(t, self.tl.birth_time(src) + 1)
+
+    def _recomputed(self, t: int, reads: list[list[tuple[Key, int | None, bool]]]
+                    ) -> list[tuple[int, tuple[Key, int | None, bool]]]:
+        """What a dot's transposed copy of an elementwise operand reads, and when: XLA fuses the
+        operand's computation into the copy, which reads the operand's own operands again."""
+        tl, out = self.tl, []
+        for pos in tl.transposes.get(t, []):
+            if pos >= len(reads[t]):
+                continue
+            k, lid, _ = reads[t][pos]
+            src = tl.made_at.get(k)
+            if src is not None and fusion.kind(tl.seq[src]) in fusion.INPLACE_KINDS - {fusion.Fuse.INPLACE}:
+                c = self._copy_time(t, k, lid)
+                out += [(c, r) for r in reads[src]]
+        return out
+
+    def _transposes(self, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
+        """A dot operand XLA transposes is copied as soon as it exists (breadth-first) and read
+        by the dot; one whose only reader is the dot is written transposed (no copy)."""
+        tl = self.tl
+        for t, ops in tl.transposes.items():
+            if not any(k in self.produced for k in tl.first[t]) or len(reads[t]) != 2:
+                continue
+            for pos in ops:
+                k, lid, _ = reads[t][pos]
+                b = (k, lid if lid is not None else self.produced.get(k, -1))
+                if b[1] < 0 or (b not in self.step_to and tl.n_readers.get(k, 0) <= 1 and k in tl.made_at):
+                    continue
+                start = self.born.get(b, -1) + 1
+                self.transient.append((min(start, t), t, tl.size(*b)))
+
+    def _init_reads(self) -> None:
+        """A loop reads its initial carry when it starts, in the carry's layout."""
+        tl, prog = self.tl, self.tl.program
+        for reg in prog.scans:
+            if reg.folded or reg.kind not in ("scan", "while") or reg.index not in tl.start:
+                continue
+            t = tl.start[reg.index]
+            for cin, a in zip(reg.carry_in, reg.init, strict=True):
+                if isinstance(a, int) and tl.key(a) is not None:
+                    self.read(tl.key(a), self.ex.carry_layouts.get(cin), t, t, True)  # type: ignore[arg-type]
+
+    def _views(self) -> None:
+        """Each view (a collective's result) is made from its source when first needed: deepest
+        first, so a source's last read includes making every view below it. XLA's breadth-first
+        schedule runs a collective as soon as its source exists: a weight's all-gather at the
+        start. A reduce-scatter on XLA:CPU is an all-reduce of the whole buffer and a slice: the
+        whole buffer lives for an instant; an all-gather of a minor dimension gathers the major
+        one and transposes: the raw gathered buffer lives until the copy."""
+        def depth(b: Buf) -> int:
+            d, s = 0, self.step_to.get(b)
+            while s is not None and d < 64:
+                d += 1
+                s = self.step_to.get((b[0], s.src))  # type: ignore[attr-defined]
+            return d
+
+        views = sorted((b for b in self.born if b in self.step_to), key=depth)
+        for b in views:  # shallowest first: a source's (earlier) birth is known
+            src = (b[0], self.step_to[b].src)  # type: ignore[attr-defined]
+            self.born[b] = min(self.born[b], self.born.get(src, -1) + 1)
+        for b in reversed(views):
+            s = self.step_to[b]
+            t = self.born[b]
+            self.read(b[0], s.src, t, t, True)  # type: ignore[attr-defined]
+            if s.kind == NodeKind.REDUCE_SCATTER:  # type: ignore[attr-defined]
+                self.transient.append((t, t, self.tl.size(b[0], s.src)))  # type: ignore[attr-defined]
+            elif s.kind == NodeKind.ALL_GATHER and self._minor(b[0], s.dst, s.dim):  # type: ignore[attr-defined]
+                # the raw gathered buffer now, the transposed copy (the view) a step later
+                self.transient.append((t, t, self.tl.size(*b)))
+                self.born[b] = min(t + 1, max(self.last.get(b, t), t))
+
+    def _minor(self, k: Key, lid: int, dim: int) -> bool:
+        """Does a dimension before `dim` have more than one element per shard?"""
+        v = self.tl.program.values[self.tl.rep[k]]
+        shard = self.tl.spaces.layouts[lid].shard_shape(v.shape, self.tl.spaces.mesh)
+        return any(n > 1 for n in shard[:dim])
+
+    def is_buffer(self, b: Buf) -> bool:
+        """A view (a collective's result) always is; an equation's result when XLA stores it."""
+        return b in self.step_to or self.stored.get(b[0], True)
+
+    def peak(self, excluded: set[Buf], fixed: list[Allocation], extra: list[Temp]) -> Peak:
+        """The peak of temporaries: every stored buffer but `excluded` (arguments, constants,
+        outputs) and the `extra` ones (copies), after in-place sharing and reuse of the `fixed`
+        (output, donated) allocations."""
+        temps = [Temp(self.tl.size(*b), t, max(self.last.get(b, t), t), b in self.inplace, b)
+                 for b, t in self.born.items() if b not in excluded and self.is_buffer(b)]
+        temps += extra
+        temps += [Temp(size, t0, t1) for t0, t1, size in self.transient]
+        share_inplace(temps)
+        left = reuse_fixed(temps, fixed)
+        best, best_t = heap_peak(left)
+        at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
+        return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
+
+
+__all__ = ["Peak", "PlanLiveness", "Timeline", "execution_order"]
