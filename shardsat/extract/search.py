@@ -215,29 +215,6 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
     return best
 
 
-def _exact(p: Problem, node_cost: np.ndarray, best: Extraction, deadline: float, method: str,
-           exact_seconds: float) -> tuple[Extraction, float]:
-    """The integer program seeking plans cheaper than `best`: (the better plan, seconds spent).
-    Not called without roots (a function returning no arrays: the empty plan is exact, and
-    HiGHS takes no problem of zero variables)."""
-    if p.graph.unbuilt_nodes:
-        raise ValueError("the exact extractor needs the resharding e-nodes: export(reshard=True)")
-    limit = min(exact_seconds if method == "exact" else EXACT_AUTO_SECONDS, deadline - time.perf_counter())
-    if limit <= 0.1:
-        return best, 0.0
-    group_space = [p.value_space[vs[0]] if vs else -1 for vs in p.graph.group_values]
-    partial = {i for i, lay in enumerate(p.spaces.layouts.layouts) if lay.partial}
-    res = solve_exact(p.graph, node_cost, group_space, p.model, p.combinable, p.roots, p.place_pins,
-                      p.ties, partial, limit, weight=p.weight, incumbent=best.total_s)
-    if res.extraction is not None and res.extraction.total_s < best.total_s - 1e-12:
-        best = res.extraction
-        best.notes.append(f"exact ILP improved the greedy plan; {res.status}")
-    best.gap = res.gap if res.extraction is not None and best is res.extraction else (
-        0.0 if res.status == "optimal" else None)
-    best.exact_status = res.status
-    return best, res.seconds
-
-
 def _pressure_restarts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction,
                        starts: list[dict[int, int] | None], deadline: float,
                        polish: bool = True) -> tuple[Extraction, float]:
