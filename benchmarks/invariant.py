@@ -36,7 +36,7 @@ from shardsat.testing import standard_layouts
 
 PROFILE = shardsat.DeviceProfile(name="issue-17", flops_per_s=100e12, hbm_bytes_per_s=2e12,
                                  link_bytes_per_s=100e9, latency_s=5e-6)
-MESHES = {"8": ((8,), ("data",)), "2x4": ((2, 4), ("data", "model")), "4x2": ((4, 2), ("data", "model")),
+MESHES = {"8": ((8,), ("data",)), "1x8": ((1, 8), ("data", "model")), "2x4": ((2, 4), ("data", "model")), "4x2": ((4, 2), ("data", "model")),
           "2x2x2": ((2, 2, 2), ("data", "fsdp", "model"))}
 # (name, config, state_argnums): the issue's four, and others around them
 CONFIGS = [
@@ -103,10 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="two configurations on 2x4")
     ap.add_argument("--compiled", action="store_true", help="compile the free and the best pinned plan")
-    ap.add_argument("--mesh", action="append", choices=sorted(MESHES), help="meshes (default: all)")
+    ap.add_argument("--mesh", action="append", choices=sorted(MESHES), help="meshes (default: all but 1x8)")
+    ap.add_argument("--only", action="append", metavar="NAME", help="configurations with this name (repeatable)")
     ns = ap.parse_args(argv)
-    configs = CONFIGS[:2] if ns.quick else CONFIGS
-    meshes = ns.mesh or (["2x4"] if ns.quick else list(MESHES))
+    configs = CONFIGS[:2] if ns.quick else [c for c in CONFIGS if ns.only is None or c[0] in ns.only]
+    meshes = ns.mesh or (["2x4"] if ns.quick else [m for m in MESHES if m != "1x8"])
     head = ("| config | mesh | free us | plan s | best pinned family us | best/free | violations "
             "| free / compute floor |")
     rule = "|---|---|---:|---:|---|---:|---|---:|"

@@ -437,8 +437,9 @@ def _check_rewrite(rw: Rewrite, sizes: tuple[int, ...], max_examples: int, rtol:
 def standard_layouts(fn: Any, mesh: Any, *args: Any, state_argnums: Any = None) -> dict[str, tuple[Any, ...]]:
     """The standard layout families (data parallel, ZeRO-1, FSDP over every set of mesh axes,
     tensor parallel per axis with data parallel or FSDP over the rest, replicated) of this
-    program on this mesh, each as an `in_shardings` tuple for saturate_and_extract. The free
-    plan is never costlier than any of them pinned:
+    program on this mesh, each as an `in_shardings` tuple for saturate_and_extract. The search
+    starts from them (every one on small programs, as many as its budget allows on big ones:
+    extract/search.py), so the free plan should be no costlier than any of them pinned:
 
         free = shardsat.saturate_and_extract(fn, mesh, *args)
         for name, pins in standard_layouts(fn, mesh, *args).items():

@@ -6,6 +6,9 @@ A fixed-seed slice runs here, over small programs (every family is then tried by
 extract/search.py FAMILY_ALL_NODES); benchmarks/invariant.py runs the sweep over transformer
 steps."""
 
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -14,7 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardsat
+from shardsat.extract import search
 from shardsat.testing import standard_layouts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from models import GPTConfig, gpt_batch, gpt_params, make_gpt_step
 
 PROFILE = shardsat.DeviceProfile(flops_per_s=100e12, hbm_bytes_per_s=2e12, link_bytes_per_s=100e9, latency_s=5e-6)
 MESHES = {"8": ((8,), ("data",)), "1x8": ((1, 8), ("data", "model")), "2x4": ((2, 4), ("data", "model")),
@@ -83,3 +90,31 @@ def test_free_gnn_step_beats_every_pinned_family():
             jax.random.normal(k[2], (32, 16)), jax.random.randint(k[3], (96,), 0, 32),
             jnp.arange(96, dtype=jnp.int32) % 32)
     assert_equivalent(free, step, *real)
+
+
+@settings(max_examples=2, deadline=None, derandomize=True)
+@given(d=st.sampled_from([32, 64]), heads=st.sampled_from([2, 4]), ratio=st.sampled_from([2, 4]),
+       vocab=st.sampled_from([64, 256]), mesh=st.sampled_from(["2x4", "4x2"]), state=st.booleans())
+def test_free_transformer_step_beats_every_pinned_family(d, heads, ratio, vocab, mesh, state):
+    """A one-layer pre-LN transformer training step with AdamW (examples/models.py)."""
+    cfg = GPTConfig(layers=1, d_model=d, heads=heads, mlp=ratio * d, vocab=vocab, seq=16, batch=8)
+    _, step = make_gpt_step(cfg)
+    params = gpt_params(cfg, abstract=True)
+    opt_state = jax.eval_shape(optax.adamw(1e-3, weight_decay=0.01).init, params)
+    args = ((params, opt_state), gpt_batch(cfg, abstract=True))
+    assert_no_family_beats_free(step, args, jax.make_mesh(*MESHES[mesh]), (0,) if state else None)
+
+
+def test_family_budget_is_counted_in_work_not_seconds():
+    """Beyond FAMILY_ALL_NODES the families run within a work budget: the same program planned
+    twice gets the same plan whatever the machine's load (a budget in seconds would not)."""
+    cfg = GPTConfig(layers=1, d_model=32, heads=2, mlp=64, vocab=64, seq=16, batch=8)
+    _, step = make_gpt_step(cfg)
+    params = gpt_params(cfg, abstract=True)
+    args = ((params, jax.eval_shape(optax.adamw(1e-3).init, params)), gpt_batch(cfg, abstract=True))
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    a, b = (shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, state_argnums=(0,))
+            for _ in range(2))
+    assert a.report.e_nodes > search.FAMILY_ALL_NODES
+    assert a.cost.total_s == b.cost.total_s
+    assert a.in_shardings == b.in_shardings

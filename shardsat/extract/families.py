@@ -2,8 +2,10 @@
 
 Each family places every argument: the batch (positional arguments that are not state or
 weights) split on its leading dimension, weights and optimizer state replicated or split. The
-search completes each family like a user's pinned plan and starts from the cheapest (see
-extract/search.py), so no pinned standard layout is cheaper than the free plan:
+search completes each family like a user's pinned plan, releases the pins and keeps the
+cheapest plan (see extract/search.py), so that no pinned standard layout is cheaper than the
+free plan (every family on small e-graphs; on big ones as many as a work budget allows, in
+order of promise):
 
 * dp(S): the batch over axes S, state replicated (all-reduced gradients);
 * zero1(S): dp(S), optimizer state split over S (its largest dimension; ZeRO-1/2 are the same
@@ -144,12 +146,14 @@ def family_layouts(program: Program, spaces: SpaceTable, ties: list[tuple[int, i
 
 
 def _prior(name: str, axes: int) -> int:
-    """Families in the order they pay off, where the search has time for only a few: FSDP + TP
-    (the best start of GPT and llama steps on 2x4, 4x2 and 2x2x2), replicated and the widest
-    data parallelism (where communication dominates), then the rest."""
-    if "+tp(" in name and name.startswith("fsdp"):
-        return 0
+    """Families in the order they pay off, where the search has time for only a few: every
+    argument replicated with intermediates free (released, the best start of the experts
+    benchmark's 2x2x2 GPT step, 4x2 Soft-MoE, conv nets, 8-device llama), FSDP + TP (the GPT
+    and llama steps on 2x4, 4x2 and 2x2x2 pinned), the widest data parallelism (where
+    communication dominates), then the rest."""
     if name == "replicated":
+        return 0
+    if "+tp(" in name and name.startswith("fsdp"):
         return 1
     if name.count(",") == axes - 1 and "+" not in name:  # over every axis
         return {"dp": 2, "zero1": 3, "fsdp": 4}[name.split("(")[0]]

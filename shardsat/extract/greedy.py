@@ -98,6 +98,9 @@ class Extractor:
         """node_cost: seconds per e-node, already multiplied by its value's `weight` (how often it
         runs per step: a scan body's values run once per iteration); resharding trees are
         weighted here."""
+        # moves tried by every search on this graph (copies share it): a budget measured in
+        # work, not seconds, keeps plans the same on a loaded machine
+        self.work: list[int] = [0]
         self.g = g
         self.weight = weight if weight is not None else np.ones(g.num_groups)
         self.describe = describe or (lambda grp: f"value group {grp}")
@@ -328,6 +331,7 @@ class Extractor:
         for grp, _ in roots:
             uses[grp] += 1
         # 1. bottom-up estimates (an operand's estimate is shared among its value's consumers)
+        self.work[0] += 2 * len(self.order)  # this pass and the top-down one
         est = [math.inf] * C
         cls_group_l, cls_layout_l = self.class_group_l, self.class_layout_l
         cost_l, node_layout, kids = self.cost_l, self.node_layout, self.kids
@@ -470,6 +474,7 @@ class Extractor:
             for grp in self.order:
                 if grp not in dirty or grp not in choice or len(self.prod[grp]) < 2:
                     continue
+                self.work[0] += 1
                 if self._improve(grp, choice, demand):
                     changed.add(grp)
             for chain in chain_list:
@@ -477,6 +482,7 @@ class Extractor:
                     break
                 if dirty.isdisjoint(chain):
                     continue
+                self.work[0] += len(chain)
                 if self._relabel_chain(chain, choice, demand):
                     changed.update(chain)
             for h, rs in self.roots_of.items():
@@ -625,6 +631,7 @@ class Extractor:
                 if time.perf_counter() >= deadline:
                     break
                 plan = self._space_plan(groups, b, roots, tie_roots, choice, at)
+                self.work[0] += len(groups)
                 if not plan:
                     continue
                 gain = self._try_moves(plan, roots, root_layouts, tie_roots, choice, demand, keep=False)

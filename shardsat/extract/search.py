@@ -47,11 +47,14 @@ SHALLOW_WEIGHT = 8
 # bytes cost this many times its seconds (see _pressure_restarts)
 PRESSURE = 2.0
 # the standard layout families' completions (_family_starts): all of them on e-graphs up to
-# FAMILY_ALL_NODES, else within FAMILY_SHARE of the time the search took before them
+# FAMILY_ALL_NODES (a fraction of a second each), else as many as fit in FAMILY_SHARE of the
+# work (Extractor.work) the search did before them. Measured on the experts benchmark: 0.5
+# keeps its planning time within 1.5x (148 -> 220 s in all) and finds the 2x2x2 GPT step's
+# plan 0.76x the cost, the 4x2 Soft-MoE's 0.96x, the conv net's 0.975x
 FAMILY_SHARE = 0.5
+FAMILY_ALL_NODES = 5_000
 # the split bound (extract/bound.py) costs ~1 s per 100k e-nodes: beyond this, the per-value one alone
 SPLIT_BOUND_NODES = 150_000
-FAMILY_ALL_NODES = 40_000
 
 
 @dataclass
@@ -91,19 +94,22 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
     their shallow copy, then each seed), and the same starts again under memory pressure
     (`restarts`: all of them where every start gets chain moves, else the best one); then the
     exact integer program where it is small enough to pay ("auto") or always ("exact"); then,
-    unless that proved the plan optimal, each of the standard layout `families` completed as a
-    pinned plan would be, and released (see _family_starts)."""
+    unless that proved the plan optimal, the standard layout `families` completed as a pinned
+    plan would be, and released, within a budget (see _family_starts). `extractor`: reuse one
+    built for the same graph and costs; `bound`: compute the plan's lower bound and gap."""
     if not p.roots:  # nothing to compute: no array results, no effects
         return Extraction(choices={}, root_layouts=[], total_s=0.0, method=method, seconds=0.0, gap=0.0)
     t0 = time.perf_counter()
     ex = extractor or Extractor(p.graph, node_cost, p.value_space, p.spaces, p.edges, p.model,
                                 describe=p.describe, combinable=p.combinable, weight=p.weight)
+    work = ex.work[0]
     best = _local_search(p, ex, node_cost, deadline, restarts)
     if p.roots and (method == "exact" or (method == "auto" and p.graph.size <= EXACT_AUTO_NODES)):
         best = _exact(p, node_cost, best, deadline, method, exact_seconds)
     if families and best.exact_status != "optimal":
+        every = p.graph.size <= FAMILY_ALL_NODES
         best = _family_starts(p, ex, node_cost, best, families, deadline, method, exact_seconds,
-                              spent=time.perf_counter() - t0)
+                              budget=float("inf") if every else FAMILY_SHARE * (ex.work[0] - work))
     best.explainer = ex.explain
     ex.forget_search()
     if best.gap is None and bound:
@@ -187,25 +193,27 @@ def _exact(p: Problem, node_cost: np.ndarray, best: Extraction, deadline: float,
 
 
 def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction, families: list[Family],
-                   deadline: float, method: str, exact_seconds: float, spent: float) -> Extraction:
+                   deadline: float, method: str, exact_seconds: float, budget: float) -> Extraction:
     """Each standard family (extract/families.py) planned as a user's pinned plan would be (the
     same search with its arguments pinned), then released: moved freely from there. A pinned
     layout lies inside the free search space, yet the local search from the free starts can
-    settle in a worse basin (a GPT step on 2x4: 2,746 us free, 1,994 us pinned replicated), so
-    a family's completion is a start of its own. On e-graphs up to FAMILY_ALL_NODES every family
-    is tried, so that no pinned family beats the free plan; on bigger ones the families in
-    their order of promise within a budget: FAMILY_SHARE of the search so far."""
-    t0 = time.perf_counter()
-    every = p.graph.size <= FAMILY_ALL_NODES
-    until = deadline if every else min(deadline, t0 + FAMILY_SHARE * spent)
+    settle in a worse basin (a GPT step on 2x4: 2,746 us free, 1,994 us pinned replicated); from
+    a family's completion it reaches plans no free start does (a 2x2x2 MLP step 232 -> 214 us
+    from FSDP + TP). Families are tried in their order of promise while the search's work
+    (Extractor.work) stays within `budget` moves: a count, so that the plan does not depend on
+    the machine's speed."""
+    start = ex.work[0]
     origin = None
-    for fam in families:
-        if time.perf_counter() >= until:
+    last = 0  # the work of the last family: the next starts only if as much still fits
+    for k, fam in enumerate(families):
+        used = ex.work[0] - start
+        if time.perf_counter() >= deadline or (k and used + last > budget):
             break
         pins = {**p.place_pins, **fam.pins}
-        pinned = best_plan(replace(p, place_pins=pins, seeds=[]), node_cost, until, method,
+        pinned = best_plan(replace(p, place_pins=pins, seeds=[]), node_cost, deadline, method,
                            exact_seconds=exact_seconds, extractor=ex, bound=False)
-        freed = ex.release(pinned, p.roots, until, p.place_pins, p.ties)
+        freed = ex.release(pinned, p.roots, deadline, p.place_pins, p.ties)
+        last = ex.work[0] - start - used
         for cand in (pinned, freed):
             if cand.total_s < best.total_s - EPS:
                 best, origin = cand, fam.name
