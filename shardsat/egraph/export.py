@@ -8,7 +8,8 @@ e-node; local ops' operand lists are resolved to their operand classes.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -88,47 +89,91 @@ def _egg_name(egraph: EGraph, fn: Any) -> str:
     return egraph._callable_to_egg(fn)[1]  # egglog 13.x; isolated here on purpose
 
 
-def export(egraph: EGraph, reshard: bool = True) -> ExportedGraph:
-    """reshard=False counts the resharding e-nodes but leaves them out: the greedy extractor
-    prices resharding from the rule tables' layout graph, and they are most of the nodes."""
-    raw = egraph._egraph  # the bindings-level e-graph
-    frozen = raw.freeze()
-    fns = frozen.functions
-    to_i64 = raw.value_to_i64
+class _Snapshot:
+    """A frozen view of egglog's tables: every export step reads rows from the same snapshot."""
 
-    def rows(fn: Any) -> list[Any]:
-        f = fns.get(_egg_name(egraph, fn))
+    def __init__(self, egraph: EGraph) -> None:
+        self.egraph = egraph
+        self.raw = egraph._egraph  # the bindings-level e-graph
+        self.functions = self.raw.freeze().functions
+        self.to_i64 = self.raw.value_to_i64
+
+    def name(self, fn: Any) -> str:
+        return _egg_name(self.egraph, fn)
+
+    def rows(self, fn: Any) -> list[Any]:
+        """The live (not subsumed) rows of a function's table."""
+        f = self.functions.get(self.name(fn))
         return [r for r in f.rows if not r.subsumed] if f is not None else []
 
-    # value e-classes
-    group_of_val: dict[Any, int] = {}
-    group_values: list[list[int]] = []
-    value_group: dict[int, int] = {}
-    for r in rows(Val.ref):
-        g = group_of_val.get(r.output)
+
+@dataclass
+class _Classes:
+    """Value e-classes (groups) and the layout classes `At(value, layout)` in them, keyed by egglog
+    value: what every node row is resolved against."""
+
+    group_of_val: dict[Any, int] = field(default_factory=dict)
+    group_values: list[list[int]] = field(default_factory=list)  # program value ids per group
+    value_group: dict[int, int] = field(default_factory=dict)
+    class_of_dist: dict[Any, int] = field(default_factory=dict)
+    class_group: list[int] = field(default_factory=list)
+    class_layout: list[int] = field(default_factory=list)
+
+    def group(self, val: Any) -> int:
+        """The group of an egglog value, opened on first sight."""
+        g = self.group_of_val.get(val)
         if g is None:
-            g = group_of_val[r.output] = len(group_values)
-            group_values.append([])
-        vid = to_i64(r.inputs[0])
-        group_values[g].append(vid)
-        value_group[vid] = g
-    # layout classes
-    class_of_dist: dict[Any, int] = {}
-    cg: list[int] = []
-    cl: list[int] = []
-    for r in rows(At):
-        if r.output in class_of_dist:
+            g = self.group_of_val[val] = len(self.group_values)
+            self.group_values.append([])
+        return g
+
+
+def _classes(snap: _Snapshot) -> _Classes:
+    """Groups from the program's value names, then one class per `At` row."""
+    out = _Classes()
+    for r in snap.rows(Val.ref):
+        g = out.group(r.output)
+        vid = snap.to_i64(r.inputs[0])
+        out.group_values[g].append(vid)
+        out.value_group[vid] = g
+    for r in snap.rows(At):
+        if r.output in out.class_of_dist:
             continue
-        g = group_of_val.get(r.inputs[0])
-        if g is None:  # a value with no program name (made by a user rewrite)
-            g = group_of_val[r.inputs[0]] = len(group_values)
-            group_values.append([])
-        class_of_dist[r.output] = len(cg)
-        cg.append(g)
-        cl.append(to_i64(r.inputs[1]))
-    # operand lists
-    cons = {r.output: (r.inputs[0], r.inputs[1]) for r in rows(DList.cons)}
-    nils = {r.output for r in rows(DList.nil)}
+        g = out.group(r.inputs[0])  # new for a value with no program name (made by a user rewrite)
+        out.class_of_dist[r.output] = len(out.class_group)
+        out.class_group.append(g)
+        out.class_layout.append(snap.to_i64(r.inputs[1]))
+    return out
+
+
+@dataclass
+class _Nodes:
+    """The exported e-nodes so far, column by column, with their children in CSR form."""
+
+    node_class: list[int] = field(default_factory=list)
+    node_kind: list[int] = field(default_factory=list)
+    node_key: list[str | None] = field(default_factory=list)
+    a: list[int] = field(default_factory=list)
+    b: list[int] = field(default_factory=list)
+    c: list[int] = field(default_factory=list)
+    ptr: list[int] = field(default_factory=lambda: [0])
+    kids: list[int] = field(default_factory=list)
+
+    def add(self, cls: int, kind: int, key: str | None, a: int, b: int, c: int, children: list[int]) -> None:
+        self.node_class.append(cls)
+        self.node_kind.append(kind)
+        self.node_key.append(key)
+        self.a.append(a)
+        self.b.append(b)
+        self.c.append(c)
+        self.kids.extend(children)
+        self.ptr.append(len(self.kids))
+
+
+def _operand_lists(snap: _Snapshot, classes: _Classes) -> Callable[[Any], list[int] | None]:
+    """A resolver from a `DList` to its operand classes."""
+    cons = {r.output: (r.inputs[0], r.inputs[1]) for r in snap.rows(DList.cons)}
+    nils = {r.output for r in snap.rows(DList.nil)}
 
     def resolve(dl: Any) -> list[int] | None:
         """Operand classes of a list, or None while the list is not fully built (a search that
@@ -136,25 +181,25 @@ def export(egraph: EGraph, reshard: bool = True) -> ExportedGraph:
         out = []
         while dl in cons:
             head, dl = cons[dl]
-            c = class_of_dist.get(head)
+            c = classes.class_of_dist.get(head)
             if c is None:
                 return None
             out.append(c)
         return out if dl in nils else None
 
-    node_class: list[int] = []
-    node_kind: list[int] = []
-    node_key: list[str | None] = []
-    na: list[int] = []
-    nb: list[int] = []
-    nc: list[int] = []
-    ptr = [0]
-    kids: list[int] = []
+    return resolve
+
+
+def _dist_nodes(snap: _Snapshot, classes: _Classes, nodes: _Nodes, reshard: bool) -> tuple[Any, int]:
+    """Adds the built-in `Dist` e-nodes; returns the `Dist` sort (None if no such node exists)
+    and how many resharding e-nodes were left out."""
+    resolve = _operand_lists(snap, classes)
+    class_of_dist = classes.class_of_dist
+    to_i64 = snap.to_i64
     dist_sort = None
     unbuilt = 0
     for fn, kind in _KINDS.items():
-        name = _egg_name(egraph, fn)
-        f = fns.get(name)
+        f = snap.functions.get(snap.name(fn))
         if f is None:
             continue
         dist_sort = f.output_sort
@@ -176,7 +221,7 @@ def export(egraph: EGraph, reshard: bool = True) -> ExportedGraph:
             if place:
                 a, b = to_i64(ins[0]), to_i64(ins[1])
             elif local:
-                key = raw.value_to_string(ins[0])
+                key = snap.raw.value_to_string(ins[0])
                 a = to_i64(ins[1])
                 children = resolve(ins[2])
             else:
@@ -185,22 +230,20 @@ def export(egraph: EGraph, reshard: bool = True) -> ExportedGraph:
                 vals = [to_i64(x) for x in ins[1:]]
                 vals += [0] * (3 - len(vals))
                 a, b, cc = vals[:3]
-            if children is None:
-                continue
-            node_class.append(c)
-            node_kind.append(code)
-            node_key.append(key)
-            na.append(a)
-            nb.append(b)
-            nc.append(cc)
-            kids.extend(children)
-            ptr.append(len(kids))
-    # constructors of sort Dist added by user rules
-    known = {_egg_name(egraph, fn) for fn in _KINDS}
-    for name, f in fns.items():
+            if children is not None:
+                nodes.add(c, code, key, a, b, cc, children)
+    return dist_sort, unbuilt
+
+
+def _user_nodes(snap: _Snapshot, classes: _Classes, nodes: _Nodes, dist_sort: Any) -> None:
+    """Adds the e-nodes of constructors of sort `Dist` that user rules declared, as OTHER nodes
+    keyed by constructor name."""
+    class_of_dist = classes.class_of_dist
+    known = {snap.name(fn) for fn in _KINDS}
+    for name, f in snap.functions.items():
         if name in known or f.output_sort != dist_sort or f.is_let_binding:
             continue
-        if name == _egg_name(egraph, At):
+        if name == snap.name(At):
             continue
         for r in f.rows:
             c = class_of_dist.get(r.output)
@@ -208,27 +251,30 @@ def export(egraph: EGraph, reshard: bool = True) -> ExportedGraph:
                 continue
             children = [class_of_dist[x] for x, s in zip(r.inputs, f.input_sorts, strict=True)
                         if s == dist_sort and x in class_of_dist]
-            node_class.append(c)
-            node_kind.append(int(NodeKind.OTHER))
-            node_key.append(name)
-            na.append(0)
-            nb.append(0)
-            nc.append(0)
-            kids.extend(children)
-            ptr.append(len(kids))
+            nodes.add(c, int(NodeKind.OTHER), name, 0, 0, 0, children)
+
+
+def export(egraph: EGraph, reshard: bool = True) -> ExportedGraph:
+    """reshard=False counts the resharding e-nodes but leaves them out: the greedy extractor
+    prices resharding from the rule tables' layout graph, and they are most of the nodes."""
+    snap = _Snapshot(egraph)
+    classes = _classes(snap)
+    nodes = _Nodes()
+    dist_sort, unbuilt = _dist_nodes(snap, classes, nodes, reshard)
+    _user_nodes(snap, classes, nodes, dist_sort)
     return _canonical(ExportedGraph(
-        class_group=np.asarray(cg, dtype=np.int32),
-        class_layout=np.asarray(cl, dtype=np.int32),
-        group_values=group_values,
-        node_class=np.asarray(node_class, dtype=np.int32),
-        node_kind=np.asarray(node_kind, dtype=np.int8),
-        node_key=node_key,
-        node_a=np.asarray(na, dtype=np.int64),
-        node_b=np.asarray(nb, dtype=np.int64),
-        node_c=np.asarray(nc, dtype=np.int64),
-        child_ptr=np.asarray(ptr, dtype=np.int64),
-        child_idx=np.asarray(kids, dtype=np.int32),
-        value_group=value_group,
+        class_group=np.asarray(classes.class_group, dtype=np.int32),
+        class_layout=np.asarray(classes.class_layout, dtype=np.int32),
+        group_values=classes.group_values,
+        node_class=np.asarray(nodes.node_class, dtype=np.int32),
+        node_kind=np.asarray(nodes.node_kind, dtype=np.int8),
+        node_key=nodes.node_key,
+        node_a=np.asarray(nodes.a, dtype=np.int64),
+        node_b=np.asarray(nodes.b, dtype=np.int64),
+        node_c=np.asarray(nodes.c, dtype=np.int64),
+        child_ptr=np.asarray(nodes.ptr, dtype=np.int64),
+        child_idx=np.asarray(nodes.kids, dtype=np.int32),
+        value_group=classes.value_group,
         unbuilt_nodes=unbuilt,
     ))
 

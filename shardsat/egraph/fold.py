@@ -52,6 +52,10 @@ class Slot:
     values: list[int] = field(default_factory=list)  # outer values (const: one; xs: one per repeat)
 
 
+Slots = dict[tuple[int, int], Slot]  # (body offset, operand position) -> how every repeat reads it
+Runs = list[tuple[Run, Slots]]  # the runs to fold, each with how its body reads its operands
+
+
 def find_runs(keys: list[str], max_candidates: int = 64) -> list[Run]:
     """Greedy tandem repeats of the key sequence, longest coverage first at each position."""
     ids: dict[str, int] = {}
@@ -97,11 +101,11 @@ def find_runs(keys: list[str], max_candidates: int = 64) -> list[Run]:
     return runs
 
 
-def _classify(prog: Program, run: Run, literals_equal: bool = False) -> dict[tuple[int, int], Slot] | None:
+def _classify(prog: Program, run: Run, literals_equal: bool = False) -> Slots | None:
     """How each operand of the body reads its value in every repeat; None if repeats differ.
     `literals_equal`: the run was found with exact keys, so its repeats' literals are equal."""
     lo, hi = run.start, run.start + run.repeats * run.period
-    slots: dict[tuple[int, int], Slot] = {}
+    slots: Slots = {}
     for t in range(run.period):
         n_in = len(prog.equations[run.index(0, t)].inputs)
         for q in range(n_in):
@@ -160,7 +164,7 @@ def fold(prog: Program, pair: bool = True) -> Program:
         # are barriers that no repeat spans
         keys = [(program_key if exact else fold_key)(prog, e) for e in prog.equations]
         keys = [k if e.region is None else f"@region{e.index}" for k, e in zip(keys, prog.equations, strict=True)]
-        runs = []
+        runs: Runs = []
         for run in find_runs(keys):
             slots = _classify(prog, run, literals_equal=exact)
             if slots is not None and _check_carries(slots) and run.period * run.repeats >= 8:
@@ -177,8 +181,7 @@ def fold(prog: Program, pair: bool = True) -> Program:
     return best
 
 
-def _choose_pairs(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]], single: Program,
-                  literals_equal: bool) -> Program:
+def _choose_pairs(prog: Program, runs: Runs, single: Program, literals_equal: bool) -> Program:
     """The program folded two repeats per body where that still folds most of it, else `single`.
 
     Every loop is paired alike: a loop reading another's values per layer (the backward pass the
@@ -193,7 +196,7 @@ def _choose_pairs(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slo
 
 
 def _paired(prog: Program, run: Run, root: Callable[[int], int], values: list[ValueInfo],
-            lead_first: bool, literals_equal: bool) -> tuple[Run, dict[tuple[int, int], Slot]] | None:
+            lead_first: bool, literals_equal: bool) -> tuple[Run, Slots] | None:
     """The run folded two repeats per body, or None.
 
     A one-repeat body gives every layer the same layouts. The unrolled optimum of a transformer
@@ -204,7 +207,7 @@ def _paired(prog: Program, run: Run, root: Callable[[int], int], values: list[Va
 
     An odd repeat runs unfolded, first or last: whichever leaves more pairs whose per-layer
     inputs share the body's layouts; on a tie, first if `lead_first`."""
-    best: tuple[int, Run, dict[tuple[int, int], Slot]] | None = None
+    best: tuple[int, Run, Slots] | None = None
     for lead in (((1, 0) if lead_first else (0, 1)) if run.repeats % 2 else (0,)):
         twice = Run(run.index(lead, 0), 2 * run.period, (run.repeats - lead) // 2)
         slots = _classify(prog, twice, literals_equal)
@@ -232,7 +235,7 @@ def _literal_text(a: Literal) -> str:
     return f"{np.asarray(a.value).tolist()!r}:{a.dtype}"
 
 
-def _check_carries(slots: dict[tuple[int, int], Slot]) -> bool:
+def _check_carries(slots: Slots) -> bool:
     """Every slot that carries one value must start from the same outside value."""
     init: dict[tuple[int, int], int] = {}
     for slot in slots.values():
@@ -241,164 +244,231 @@ def _check_carries(slots: dict[tuple[int, int], Slot]) -> bool:
     return True
 
 
-def _rewrite(prog: Program, runs: list[tuple[Run, dict[tuple[int, int], Slot]]], pair: bool | None = None,
-             literals_equal: bool = False) -> Program:
+@dataclass
+class _Rewriter:
+    """The folded program as it is built: `_rewrite`'s steps append equations, values, regions
+    and carries to it and alias values in it."""
+
+    prog: Program
+    values: list[ValueInfo]
+    equations: list[Equation]
+    scans: list[ScanRegion]
+    carries: list[int]
+    aliases: dict[int, int]
+
+    @classmethod
+    def of(cls, prog: Program) -> _Rewriter:
+        # the program's own regions keep their indices
+        return cls(prog, list(prog.values), [], list(prog.scans), list(prog.carries), dict(prog.aliases))
+
+    def root(self, v: int) -> int:
+        """The value `v` is laid out as, through any chain of aliases."""
+        while v in self.aliases:
+            v = self.aliases[v]
+        return v
+
+    def new_value(self, like: int, region: int | None = None, carry: tuple[int, int] | None = None) -> int:
+        v = self.values[like]
+        vid = len(self.values)
+        self.values.append(ValueInfo(vid, v.shape, v.dtype, region=region, carry=carry))
+        return vid
+
+    def emit(self, e: Equation, ins: list[Atom], outs: list[int], region: int | None) -> None:
+        idx = len(self.equations)
+        for k, o in enumerate(outs):
+            self.values[o] = replace(self.values[o], producer=idx, output_index=k, region=region)
+        self.equations.append(Equation(idx, e.primitive, e.params, tuple(ins), tuple(outs), e.origin,
+                                       region, e.key, e.effects))
+
+    def copy(self, lo: int, hi: int) -> None:
+        """The program's equations lo..hi-1, unfolded at top level: repeats a run leaves out."""
+        for k in range(lo, hi):
+            e = self.prog.equations[k]
+            self.emit(e, list(e.inputs), list(e.outputs), None)
+
+    def program(self) -> Program:
+        """The folded program, once every equation has been emitted."""
+        prog, aliases = self.prog, self.aliases
+        # An alias shares its representative's layout, not its value: an equation reading a member
+        # must never be merged with one reading another member, so its key is made its own.
+        for e in self.equations:
+            folded = e.region is not None and self.scans[e.region].folded
+            if not folded and any(isinstance(a, int) and a in aliases for a in e.inputs):
+                _unique_key(e)
+        return Program(
+            values=self.values, equations=self.equations, args=prog.args, consts=prog.consts,
+            const_values=prog.const_values, outputs=prog.outputs, in_tree=prog.in_tree, out_tree=prog.out_tree,
+            arg_paths=prog.arg_paths, out_paths=prog.out_paths, arg_counts=prog.arg_counts, name=prog.name,
+            scans=self.scans, carries=self.carries, aliases=aliases, equivalences=prog.equivalences,
+        )
+
+
+def _rewrite(prog: Program, runs: Runs, pair: bool | None = None, literals_equal: bool = False) -> Program:
     """Each run becomes a body (its first repeat, reading carries through tied carry inputs) in a
     region weighted by the repeat count. Every repeat's values alias their body value, and the
     per-repeat inputs of a slot alias each other: the e-graph sees one of each, the runtime
     replays the original repeats with the body's layouts."""
-    values = list(prog.values)
-    equations: list[Equation] = []
-    scans: list[ScanRegion] = list(prog.scans)  # the program's own regions keep their indices
-    carries: list[int] = list(prog.carries)
-    aliases: dict[int, int] = dict(prog.aliases)
-
-    def root(v: int) -> int:
-        while v in aliases:
-            v = aliases[v]
-        return v
-
-    def new_value(like: int, region: int | None = None, carry: tuple[int, int] | None = None) -> int:
-        v = values[like]
-        vid = len(values)
-        values.append(ValueInfo(vid, v.shape, v.dtype, region=region, carry=carry))
-        return vid
-
-    def emit(e: Equation, ins: list[Atom], outs: list[int], region: int | None) -> None:
-        idx = len(equations)
-        for k, o in enumerate(outs):
-            values[o] = replace(values[o], producer=idx, output_index=k, region=region)
-        equations.append(Equation(idx, e.primitive, e.params, tuple(ins), tuple(outs), e.origin,
-                                  region, e.key, e.effects))
-
+    rw = _Rewriter.of(prog)
     run_at = {run.start: (run, slots) for run, slots in runs}
     i = 0
     while i < len(prog.equations):
-        if i not in run_at:
+        if i in run_at:
+            run, slots = run_at[i]
+            i = _rewrite_run(rw, run, slots, pair, literals_equal)
+        else:
             e = prog.equations[i]
-            emit(e, list(e.inputs), list(e.outputs), e.region)
+            rw.emit(e, list(e.inputs), list(e.outputs), e.region)
             i += 1
-            continue
-        run, slots = run_at[i]
-        paired = (None if pair is None or run.repeats < PAIR_REPEATS
-                  else _paired(prog, run, root, values, pair, literals_equal))
-        if paired is not None:
-            run, slots = paired
-            for k in range(i, run.start):  # an odd first repeat runs unfolded (and an odd last)
-                e = prog.equations[k]
-                emit(e, list(e.inputs), list(e.outputs), None)
-            i = run.start
-        trimmed = _trim(prog, run, slots, root, values)
-        if trimmed is None:  # its repeats read per-layer inputs they cannot share: run unfolded
-            for k in range(run.start, run.start + run.period * run.repeats):
-                e = prog.equations[k]
-                emit(e, list(e.inputs), list(e.outputs), None)
-            i = run.start + run.period * run.repeats
-            continue
-        if trimmed != run:
-            # repeats reading a per-layer input the others do not share run unfolded (on the model)
-            for k in range(run.start, trimmed.start):
-                e = prog.equations[k]
-                emit(e, list(e.inputs), list(e.outputs), None)
-            i = trimmed.start
-            new_slots = _classify(prog, trimmed, literals_equal)
-            if new_slots is None or not _check_carries(new_slots):
-                continue  # the rest runs unfolded too
-            run, slots = trimmed, new_slots
-        s = len(scans)
-        reg = ScanRegion(index=s, length=run.repeats, reverse=False, parent=None, multiplicity=run.repeats,
-                         init=[], carry_in=[], carry_out=[], final=[], xs=[], slices=[], ys=[], stacked=[],
-                         params={"length": run.repeats, "reverse": False, "unroll": 1, "folded": True,
-                                 "per_body": 1 if paired is None else 2})
-        scans.append(reg)
-        body_of: dict[tuple[int, int], int] = {}
-        carry_of: dict[tuple[int, int], int] = {}
-        rep_of: dict[tuple[int, int], int] = {}
-        for key, slot in sorted(slots.items()):
-            if slot.kind == "xs":
-                # one role, one layout: the e-graph sees the most common member (a body value of an
-                # earlier folded loop, or the first layer's weight); arguments of the role alias it.
-                # A member produced elsewhere keeps its own production and is resharded to the
-                # body's layout where it is read.
-                roots = [root(m) for m in slot.values]
-                rep = max(dict.fromkeys(roots), key=roots.count)
-                for r_ in roots:
-                    if r_ != rep and values[r_].arg is not None:
-                        aliases[r_] = rep
-                    elif r_ != rep and r_ not in reg.extra_reads:
-                        reg.extra_reads.append(r_)  # must still be computed: a root of the plan
-                rep_of[key] = rep
-            elif slot.kind == "carry" and slot.src not in carry_of:
-                tt, k = slot.src  # type: ignore[misc]
-                like = prog.equations[run.index(0, tt)].outputs[k]
-                cin = new_value(like, region=s, carry=(s, len(reg.carry_in)))
-                carry_of[slot.src] = cin  # type: ignore[index]
-                reg.carry_in.append(cin)
-                reg.init.append(slot.values[0])
-                carries.append(cin)
-        roles: dict[int, set[tuple[int, ...]]] = {}  # representative -> the member lists it stands for
-        for key, rep in rep_of.items():
-            roles.setdefault(rep, set()).add(tuple(slots[key].values))
-        rep_count = {rep: len(lists) for rep, lists in roles.items()}
-        # positions that read only values shared by all repeats (and literals): loop-invariant
-        invariant: set[int] = set()
-        for t in range(run.period):
-            n_in = len(prog.equations[run.index(0, t)].inputs)
-            if all(slots[(t, q)].kind in ("const", "lit")
-                   or (slots[(t, q)].kind == "int" and slots[(t, q)].src[0] in invariant)  # type: ignore[index]
-                   for q in range(n_in)):
-                invariant.add(t)
-        for t in range(run.period):
-            e = prog.equations[run.index(0, t)]
-            ins: list[Atom] = []
-            for q, a in enumerate(e.inputs):
-                slot = slots[(t, q)]
-                if slot.kind == "int":
-                    ins.append(body_of[slot.src])  # type: ignore[index]
-                elif slot.kind == "carry":
-                    ins.append(carry_of[slot.src])  # type: ignore[index]
-                elif slot.kind == "xs":
-                    ins.append(rep_of[(t, q)])
-                else:
-                    ins.append(a)
-            outs = []
-            for k, _ in enumerate(e.outputs):
-                body_of[(t, k)] = new_value(e.outputs[k], region=s)
-                outs.append(body_of[(t, k)])
-            emit(e, ins, outs, s)
-            if t in invariant:
-                reg.invariant.update(outs)
-            shared_rep = [rep_of[(t, q)] for q in range(len(e.inputs)) if slots[(t, q)].kind == "xs"]
-            if any(rep_count[r_] > 1 for r_ in shared_rep):
-                _unique_key(equations[-1])  # slots read different arrays through one representative
-            reg.replay[len(equations) - 1] = [prog.equations[run.index(j, t)] for j in range(run.repeats)]
-            for k, b in enumerate(outs):
-                members = [prog.equations[run.index(j, t)].outputs[k] for j in range(run.repeats)]
-                reg.members[b] = members
-                for m in members:
-                    aliases[m] = b  # every repeat's value is laid out like the body's
-        reg.carry_out = [body_of[key] for key in carry_of]
-        for key, cin in carry_of.items():  # each repeat reads as its carry: the init, then the previous output
-            tt, k = key
-            ci = reg.carry_in.index(cin)
-            reg.members[cin] = [reg.init[ci]] + [
-                prog.equations[run.index(j, tt)].outputs[k] for j in range(run.repeats - 1)]
-        i = run.start + run.period * run.repeats
-    # An alias shares its representative's layout, not its value: an equation reading a member must
-    # never be merged with one reading another member, so its key is made its own.
-    for e in equations:
-        folded = e.region is not None and scans[e.region].folded
-        if not folded and any(isinstance(a, int) and a in aliases for a in e.inputs):
-            _unique_key(e)
-    return Program(
-        values=values, equations=equations, args=prog.args, consts=prog.consts, const_values=prog.const_values,
-        outputs=prog.outputs, in_tree=prog.in_tree, out_tree=prog.out_tree, arg_paths=prog.arg_paths,
-        out_paths=prog.out_paths, arg_counts=prog.arg_counts, name=prog.name, scans=scans, carries=carries,
-        aliases=aliases, equivalences=prog.equivalences,
-    )
+    return rw.program()
 
 
-def _trim(prog: Program, run: Run, slots: dict[tuple[int, int], Slot], root: Callable[[int], int],
+def _rewrite_run(rw: _Rewriter, run: Run, slots: Slots, pair: bool | None,
+                 literals_equal: bool) -> int:
+    """Emits the run, folded in pairs, singly or (where its repeats cannot share layouts) partly
+    or wholly unfolded; returns the index of the first equation it did not emit."""
+    prog = rw.prog
+    paired = (None if pair is None or run.repeats < PAIR_REPEATS
+              else _paired(prog, run, rw.root, rw.values, pair, literals_equal))
+    if paired is not None:
+        start = run.start
+        run, slots = paired
+        rw.copy(start, run.start)  # an odd first repeat runs unfolded (and an odd last)
+    trimmed = _trim(prog, run, slots, rw.root, rw.values)
+    if trimmed is None:  # its repeats read per-layer inputs they cannot share: run unfolded
+        rw.copy(run.start, run.start + run.period * run.repeats)
+        return run.start + run.period * run.repeats
+    if trimmed != run:
+        # repeats reading a per-layer input the others do not share run unfolded (on the model)
+        rw.copy(run.start, trimmed.start)
+        new_slots = _classify(prog, trimmed, literals_equal)
+        if new_slots is None or not _check_carries(new_slots):
+            return trimmed.start  # the rest runs unfolded too
+        run, slots = trimmed, new_slots
+    _fold_body(rw, run, slots, per_body=1 if paired is None else 2)
+    return run.start + run.period * run.repeats
+
+
+def _fold_body(rw: _Rewriter, run: Run, slots: Slots, per_body: int) -> None:
+    """Emits the run as one scan region: its body, the carries tied around it and the aliases
+    that give every repeat the body's layouts."""
+    s = len(rw.scans)
+    reg = ScanRegion(index=s, length=run.repeats, reverse=False, parent=None, multiplicity=run.repeats,
+                     init=[], carry_in=[], carry_out=[], final=[], xs=[], slices=[], ys=[], stacked=[],
+                     params={"length": run.repeats, "reverse": False, "unroll": 1, "folded": True,
+                             "per_body": per_body})
+    rw.scans.append(reg)
+    rep_of = _share_per_layer_inputs(rw, reg, slots)
+    carry_of = _carry_inputs(rw, reg, run, slots)
+    body_of = _emit_body(rw, reg, run, slots, rep_of, carry_of)
+    reg.carry_out = [body_of[key] for key in carry_of]
+    for key, cin in carry_of.items():  # each repeat reads as its carry: the init, then the previous output
+        tt, k = key
+        ci = reg.carry_in.index(cin)
+        reg.members[cin] = [reg.init[ci]] + [
+            rw.prog.equations[run.index(j, tt)].outputs[k] for j in range(run.repeats - 1)]
+
+
+def _representative(roots: list[int]) -> int:
+    """The member a per-layer role is read as: the most common root (the first on a tie)."""
+    return max(dict.fromkeys(roots), key=roots.count)
+
+
+def _share_per_layer_inputs(rw: _Rewriter, reg: ScanRegion,
+                            slots: Slots) -> dict[tuple[int, int], int]:
+    """The value each per-layer ("xs") slot reads in the body, by slot.
+
+    One role, one layout: the e-graph sees the most common member (a body value of an earlier
+    folded loop, or the first layer's weight); arguments of the role alias it. A member produced
+    elsewhere keeps its own production and is resharded to the body's layout where it is read."""
+    rep_of: dict[tuple[int, int], int] = {}
+    for key, slot in sorted(slots.items()):
+        if slot.kind != "xs":
+            continue
+        roots = [rw.root(m) for m in slot.values]
+        rep = _representative(roots)
+        for r_ in roots:
+            if r_ != rep and rw.values[r_].arg is not None:
+                rw.aliases[r_] = rep
+            elif r_ != rep and r_ not in reg.extra_reads:
+                reg.extra_reads.append(r_)  # must still be computed: a root of the plan
+        rep_of[key] = rep
+    return rep_of
+
+
+def _carry_inputs(rw: _Rewriter, reg: ScanRegion, run: Run,
+                  slots: Slots) -> dict[tuple[int, int], int]:
+    """One loop-carried input value per carried body output (offset, output), in slot order."""
+    carry_of: dict[tuple[int, int], int] = {}
+    for _, slot in sorted(slots.items()):
+        if slot.kind != "carry" or slot.src in carry_of:
+            continue
+        tt, k = slot.src  # type: ignore[misc]
+        like = rw.prog.equations[run.index(0, tt)].outputs[k]
+        cin = rw.new_value(like, region=reg.index, carry=(reg.index, len(reg.carry_in)))
+        carry_of[slot.src] = cin  # type: ignore[index]
+        reg.carry_in.append(cin)
+        reg.init.append(slot.values[0])
+        rw.carries.append(cin)
+    return carry_of
+
+
+def _invariant_offsets(prog: Program, run: Run, slots: Slots) -> set[int]:
+    """Body offsets whose equation reads only values shared by all repeats (and literals), directly
+    or through other such equations: loop-invariant."""
+    invariant: set[int] = set()
+    for t in range(run.period):
+        n_in = len(prog.equations[run.index(0, t)].inputs)
+        if all(slots[(t, q)].kind in ("const", "lit")
+               or (slots[(t, q)].kind == "int" and slots[(t, q)].src[0] in invariant)  # type: ignore[index]
+               for q in range(n_in)):
+            invariant.add(t)
+    return invariant
+
+
+def _emit_body(rw: _Rewriter, reg: ScanRegion, run: Run, slots: Slots,
+               rep_of: dict[tuple[int, int], int], carry_of: dict[tuple[int, int], int]) -> dict[tuple[int, int], int]:
+    """Emits the first repeat as the body, reading its inputs through `slots`; returns the body
+    value of each (offset, output). Every repeat's values alias the body's."""
+    prog, s = rw.prog, reg.index
+    roles: dict[int, set[tuple[int, ...]]] = {}  # representative -> the member lists it stands for
+    for key, rep in rep_of.items():
+        roles.setdefault(rep, set()).add(tuple(slots[key].values))
+    rep_count = {rep: len(lists) for rep, lists in roles.items()}
+    invariant = _invariant_offsets(prog, run, slots)
+    body_of: dict[tuple[int, int], int] = {}
+    for t in range(run.period):
+        e = prog.equations[run.index(0, t)]
+        ins: list[Atom] = []
+        for q, a in enumerate(e.inputs):
+            slot = slots[(t, q)]
+            if slot.kind == "int":
+                ins.append(body_of[slot.src])  # type: ignore[index]
+            elif slot.kind == "carry":
+                ins.append(carry_of[slot.src])  # type: ignore[index]
+            elif slot.kind == "xs":
+                ins.append(rep_of[(t, q)])
+            else:
+                ins.append(a)
+        outs = []
+        for k, _ in enumerate(e.outputs):
+            body_of[(t, k)] = rw.new_value(e.outputs[k], region=s)
+            outs.append(body_of[(t, k)])
+        rw.emit(e, ins, outs, s)
+        if t in invariant:
+            reg.invariant.update(outs)
+        shared_rep = [rep_of[(t, q)] for q in range(len(e.inputs)) if slots[(t, q)].kind == "xs"]
+        if any(rep_count[r_] > 1 for r_ in shared_rep):
+            _unique_key(rw.equations[-1])  # slots read different arrays through one representative
+        reg.replay[len(rw.equations) - 1] = [prog.equations[run.index(j, t)] for j in range(run.repeats)]
+        for k, b in enumerate(outs):
+            members = [prog.equations[run.index(j, t)].outputs[k] for j in range(run.repeats)]
+            reg.members[b] = members
+            for m in members:
+                rw.aliases[m] = b  # every repeat's value is laid out like the body's
+    return body_of
+
+
+def _trim(prog: Program, run: Run, slots: Slots, root: Callable[[int], int],
           values: list[ValueInfo]) -> Run | None:
     """The run without its first or last repeats where they read a per-layer input that is
     produced elsewhere (layer 0's weight gradient, when layer 0's backward differs): such a
@@ -409,7 +479,7 @@ def _trim(prog: Program, run: Run, slots: dict[tuple[int, int], Slot], root: Cal
         if slot.kind != "xs":
             continue
         roots = [root(m) for m in slot.values]
-        rep = max(dict.fromkeys(roots), key=roots.count)
+        rep = _representative(roots)
         bad.update(j for j, r in enumerate(roots) if r != rep and values[r].producer is not None)
     if not bad:
         return run

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from ..egraph.layout import Layout, MeshAxes, Space, SpaceTable
 from .signature import FactorSignature, TensorFactors
@@ -56,6 +56,112 @@ def _layout(tensor: TensorFactors, assign: dict[str, list[int]], factor_sizes: d
     return Layout(tuple(dims), partial)
 
 
+AxisOption = tuple[str, object]  # ("none", None), ("factor", name) or ("linear", operand group index)
+
+
+@dataclass
+class _Assignment:
+    """What one choice of options gives the mesh axes: the axes sharding each factor, and the
+    axes along which a pending sum passes through, overall and by operand."""
+
+    factors: dict[str, list[int]] = field(default_factory=dict)
+    carried: list[int] = field(default_factory=list)
+    carried_by: dict[int, list[int]] = field(default_factory=dict)
+
+    def strategy(self, ins: list[int], outs: list[int], mesh_sizes: Sequence[int]) -> Strategy:
+        split = math.prod(mesh_sizes[a] for ax in self.factors.values() for a in ax)
+        return Strategy(
+            ins=tuple(ins),
+            outs=tuple(outs),
+            split=split,
+            factor_axes=tuple((f, tuple(ax)) for f, ax in self.factors.items()),
+            carried=tuple(self.carried),
+        )
+
+
+@dataclass
+class _Enumeration:
+    """One equation's strategy search: its signature on the mesh, and the layouts its operands and
+    results may take (their spaces')."""
+
+    sig: FactorSignature
+    mesh: MeshAxes
+    spaces: SpaceTable
+    sizes: dict[str, int]
+    literal: list[bool]  # per operand
+    groups: list[tuple[int, ...]]  # the linear operand groups with no literal operand
+    operand_sets: list[frozenset[int] | None]  # None for literal operands
+    result_sets: list[frozenset[int]]
+
+    @classmethod
+    def of(cls, sig: FactorSignature, mesh: MeshAxes, spaces: SpaceTable,
+           operand_spaces: Sequence[Space | None], result_spaces: Sequence[Space]) -> _Enumeration:
+        literal = [sp is None for sp in operand_spaces]
+        return cls(sig, mesh, spaces, dict(sig.sizes), literal,
+                   [g for g in sig.linear if not any(literal[i] for i in g)],
+                   [None if sp is None else frozenset(sp.layouts) for sp in operand_spaces],
+                   [frozenset(sp.layouts) for sp in result_spaces])
+
+    def axis_options(self) -> list[list[AxisOption]]:
+        """Per active axis, only the factors its size divides: a factor split over several axes
+        must be divisible by each of them (3-axis meshes: most of the product is pruned here)."""
+        sig, sizes = self.sig, self.sizes
+        in_results = {f for t in sig.results for d in t for f in d}
+        shardable = [
+            f for f in sig.factors
+            if f not in sig.need_replication and sizes[f] > 1 and (f in in_results or f in sig.reduction)
+        ]
+        per_axis: list[list[AxisOption]] = []
+        for axis in self.mesh.active:
+            opts: list[AxisOption] = [("none", None)]
+            opts += [("factor", f) for f in shardable if sizes[f] % self.mesh.sizes[axis] == 0]
+            opts += [("linear", k) for k in range(len(self.groups))]
+            per_axis.append(opts)
+        return per_axis
+
+    def assign(self, choice: tuple[AxisOption, ...]) -> _Assignment | None:
+        """The assignment of one option per active axis; None if a factor is not divisible by the
+        product of its axes."""
+        a = _Assignment()
+        for axis, (kind, what) in zip(self.mesh.active, choice, strict=True):
+            if kind == "factor":
+                a.factors.setdefault(what, []).append(axis)  # type: ignore[arg-type]
+            elif kind == "linear":
+                a.carried.append(axis)
+                for i in self.groups[what]:  # type: ignore[index]
+                    a.carried_by.setdefault(i, []).append(axis)
+        if any(self.sizes[f] % _prod_sizes(ax, self.mesh.sizes) for f, ax in a.factors.items()):
+            return None
+        return a
+
+    def layout_ids(self, a: _Assignment,
+                   tensors: Iterable[tuple[TensorFactors, tuple[int, ...], frozenset[int]]]) -> list[int] | None:
+        """The interned layout of each (tensor, pending-sum axes, allowed layouts) in order; None
+        at the first that is no layout or not one its space allows."""
+        ids: list[int] = []
+        for tensor, partial, allowed in tensors:
+            lay = _layout(tensor, a.factors, self.sizes, self.mesh.sizes, partial)
+            if lay is None:
+                return None
+            lid = self.spaces.layouts.intern(lay)
+            if lid not in allowed:
+                return None
+            ids.append(lid)
+        return ids
+
+    def operands(self, a: _Assignment) -> Iterator[tuple[TensorFactors, tuple[int, ...], frozenset[int]]]:
+        """The non-literal operands, each pending the sums its linear group carries."""
+        for i, tensor in enumerate(self.sig.operands):
+            if not self.literal[i]:
+                yield tensor, tuple(a.carried_by.get(i, ())), self.operand_sets[i]  # type: ignore[misc]
+
+    def results(self, a: _Assignment) -> Iterator[tuple[TensorFactors, tuple[int, ...], frozenset[int]]]:
+        """The results, pending the sums over the axes sharding a reduction factor or carried."""
+        reduced = tuple(sorted({x for f in self.sig.reduction for x in a.factors.get(f, [])} | set(a.carried)))
+        for r, tensor in enumerate(self.sig.results):
+            yield tensor, reduced, self.result_sets[r]
+
+
 def enumerate_strategies(
     sig: FactorSignature,
     mesh: MeshAxes,
@@ -63,82 +169,24 @@ def enumerate_strategies(
     operand_spaces: Sequence[Space | None],  # None for literal operands
     result_spaces: Sequence[Space],
 ) -> list[Strategy]:
-    sizes = dict(sig.sizes)
-    in_results = {f for t in sig.results for d in t for f in d}
-    shardable = [
-        f for f in sig.factors
-        if f not in sig.need_replication and sizes[f] > 1 and (f in in_results or f in sig.reduction)
-    ]
-    literal = [sp is None for sp in operand_spaces]
-    groups = [g for g in sig.linear if not any(literal[i] for i in g)]
-    active = mesh.active
-    # per axis, only the factors its size divides: a factor split over several axes must be
-    # divisible by each of them (3-axis meshes: most of the product is pruned here)
-    per_axis: list[list[tuple[str, object]]] = []
-    for axis in active:
-        opts: list[tuple[str, object]] = [("none", None)]
-        opts += [("factor", f) for f in shardable if sizes[f] % mesh.sizes[axis] == 0]
-        opts += [("linear", k) for k in range(len(groups))]
-        per_axis.append(opts)
-    space_sets = [None if sp is None else frozenset(sp.layouts) for sp in operand_spaces]
-    result_sets = [frozenset(sp.layouts) for sp in result_spaces]
+    """Every distinct strategy: one option per active mesh axis, kept where every operand and
+    result layout is one its space holds; strategies with the same layouts are one."""
+    e = _Enumeration.of(sig, mesh, spaces, operand_spaces, result_spaces)
     out: list[Strategy] = []
     seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
-    for choice in itertools.product(*per_axis):
-        assign: dict[str, list[int]] = {}
-        carried: list[int] = []
-        carried_by: dict[int, list[int]] = {}
-        for axis, (kind, what) in zip(active, choice, strict=True):
-            if kind == "factor":
-                assign.setdefault(what, []).append(axis)  # type: ignore[arg-type]
-            elif kind == "linear":
-                carried.append(axis)
-                for i in groups[what]:  # type: ignore[index]
-                    carried_by.setdefault(i, []).append(axis)
-        if any(sizes[f] % _prod_sizes(ax, mesh.sizes) for f, ax in assign.items()):
+    for choice in itertools.product(*e.axis_options()):
+        a = e.assign(choice)
+        if a is None:
             continue
-        ins: list[int] = []
-        ok = True
-        for i, tensor in enumerate(sig.operands):
-            if literal[i]:
-                continue
-            lay = _layout(tensor, assign, sizes, mesh.sizes, tuple(carried_by.get(i, ())))
-            if lay is None:
-                ok = False
-                break
-            lid = spaces.layouts.intern(lay)
-            if lid not in space_sets[i]:  # type: ignore[operator]
-                ok = False
-                break
-            ins.append(lid)
-        if not ok:
+        ins = e.layout_ids(a, e.operands(a))
+        if ins is None:
             continue
-        reduced = sorted({a for f in sig.reduction for a in assign.get(f, [])} | set(carried))
-        outs: list[int] = []
-        for r, tensor in enumerate(sig.results):
-            lay = _layout(tensor, assign, sizes, mesh.sizes, tuple(reduced))
-            if lay is None:
-                ok = False
-                break
-            lid = spaces.layouts.intern(lay)
-            if lid not in result_sets[r]:
-                ok = False
-                break
-            outs.append(lid)
-        if not ok:
+        outs = e.layout_ids(a, e.results(a))
+        if outs is None:
             continue
         sig_key = (tuple(ins), tuple(outs))
         if sig_key in seen:
             continue
         seen.add(sig_key)
-        split = math.prod(mesh.sizes[a] for ax in assign.values() for a in ax)
-        out.append(
-            Strategy(
-                ins=tuple(ins),
-                outs=tuple(outs),
-                split=split,
-                factor_axes=tuple((f, tuple(ax)) for f, ax in assign.items()),
-                carried=tuple(carried),
-            )
-        )
+        out.append(a.strategy(ins, outs, mesh.sizes))
     return out

@@ -496,12 +496,26 @@ class Plan:
     def _cost(self, memory: MemoryEstimate | None = None) -> PlanCost:
         """memory: the plan's estimate where the caller already has it."""
         ex = self.extraction
+        compute, comm, colls = self._collectives()
+        arg_bytes, by_path = self._argument_bytes()
+        out_bytes = self._output_bytes()
+        if memory is None:
+            memory = estimate_memory(
+                self.program, self.graph, self.spaces, ex,
+                ties=tuple(self.ties), pins=self.arg_pins, tables=self.tables)
+        flops, update, update_full = self._flops()
+        return PlanCost(compute, comm, compute + comm, colls, arg_bytes, out_bytes, by_path, memory, flops, update,
+                        update_full)
+
+    def _collectives(self) -> tuple[float, float, list[Collective]]:
+        """Compute seconds (productions and dynamic slices), communication seconds and the
+        collectives, each with the consumers it is for."""
         compute = 0.0
         comm = 0.0
         colls: list[Collective] = []
         consumers = self._consumers()
-        for grp in sorted(ex.choices):
-            ch = ex.choices[grp]
+        for grp in sorted(self.extraction.choices):
+            ch = self.extraction.choices[grp]
             compute += ch.node_seconds
             # which demanded layouts does each step lead to?
             leads: dict[int, set[int]] = {s.dst: {s.dst} for s in ch.steps}
@@ -529,6 +543,10 @@ class Plan:
                     count=int(ch.weight),
                     hlo_count=1 if self._in_real_scan(grp) else int(ch.weight),
                 ))
+        return compute, comm, colls
+
+    def _argument_bytes(self) -> tuple[int, dict[str, int]]:
+        """Bytes per device of all arguments, and of each by its pytree path."""
         arg_bytes = 0
         by_path: dict[str, int] = {}
         for pos, vid in enumerate(self.program.args):
@@ -538,47 +556,58 @@ class Plan:
             b = self.spaces.shard_bytes(sp, lid) if lid is not None else v.nbytes
             by_path[self.program.arg_paths[pos]] = b
             arg_bytes += b
+        return arg_bytes, by_path
+
+    def _output_bytes(self) -> int:
+        """Bytes per device of all (non-literal) outputs, in their root layouts."""
         out_bytes = 0
-        for o, lid in zip(self.program.outputs, ex.root_layouts, strict=True):
+        for o, lid in zip(self.program.outputs, self.extraction.root_layouts, strict=True):
             if isinstance(o, Literal) or lid is None:
                 continue
             v = self.program.values[o]
             out_bytes += self.spaces.shard_bytes(self.spaces.space(v.shape, v.dtype), lid)
-        if memory is None:
-            memory = estimate_memory(
-                self.program, self.graph, self.spaces, ex,
-                ties=tuple(self.ties), pins=self.arg_pins, tables=self.tables)
+        return out_bytes
+
+    def _leads_to_state(self) -> list[bool]:
+        """Per value: whether it leads to returned state (a tied output, else any output)."""
+        targets = {self.program.outputs[k] for _, k in self.ties} or {
+            o for o in self.program.outputs if not isinstance(o, Literal)}
+        to_state = [False] * len(self.program.values)
+        for v in targets:  # a folded loop's member is returned: its body value leads there
+            to_state[v] = to_state[self.program.alias(v)] = True  # type: ignore[index]
+        for eqn in reversed(self.program.equations):
+            if any(to_state[o] for o in eqn.outputs):
+                for a in eqn.inputs:
+                    if isinstance(a, int):
+                        to_state[a] = to_state[self.program.alias(a)] = True
+        return to_state
+
+    def _flops(self) -> tuple[float, float, float]:
+        """FLOPs per device: all, the weight update's, and the update's on one device (zeros
+        without a cost model)."""
         flops = update = update_full = 0.0
-        if self.model is not None:
-            before, after = heavy_roles(self.program)
-            # the weight update: after the last contraction, and leading to returned state
-            targets = {self.program.outputs[k] for _, k in self.ties} or {
-                o for o in self.program.outputs if not isinstance(o, Literal)}
-            to_state = [False] * len(self.program.values)
-            for v in targets:  # a folded loop's member is returned: its body value leads there
-                to_state[v] = to_state[self.program.alias(v)] = True  # type: ignore[index]
-            for eqn in reversed(self.program.equations):
-                if any(to_state[o] for o in eqn.outputs):
-                    for a in eqn.inputs:
-                        if isinstance(a, int):
-                            to_state[a] = to_state[self.program.alias(a)] = True
-            for r in self.runs:
-                if not r.outputs:  # a side effect with no results: host work, not device FLOPs
-                    continue
-                eqn = self.program.equations[r.eqn]
-                grp = self.graph.value_group[eqn.outputs[r.outputs[0][0]]]
-                node = ex.choices[grp].node
-                f = sum(self.model.local_work(self.tables.output_key[eqn.outputs[k]], int(self.graph.node_a[node]))[1]
-                        for k, _ in r.outputs)
-                times = ex.choices[grp].weight  # a scan or folded loop body runs once per iteration
-                flops += f * times
-                o = eqn.outputs[r.outputs[0][0]]
-                if after[o] and not before[o] and to_state[o] and eqn.name in ELEMENTWISE_SET:
-                    update += f * times
-                    info, _ = self.tables.info(self.tables.output_key[o])
-                    update_full += info.signature.flops * times
-        return PlanCost(compute, comm, compute + comm, colls, arg_bytes, out_bytes, by_path, memory, flops, update,
-                        update_full)
+        if self.model is None:
+            return flops, update, update_full
+        ex = self.extraction
+        before, after = heavy_roles(self.program)
+        # the weight update: after the last contraction, and leading to returned state
+        to_state = self._leads_to_state()
+        for r in self.runs:
+            if not r.outputs:  # a side effect with no results: host work, not device FLOPs
+                continue
+            eqn = self.program.equations[r.eqn]
+            grp = self.graph.value_group[eqn.outputs[r.outputs[0][0]]]
+            node = ex.choices[grp].node
+            f = sum(self.model.local_work(self.tables.output_key[eqn.outputs[k]], int(self.graph.node_a[node]))[1]
+                    for k, _ in r.outputs)
+            times = ex.choices[grp].weight  # a scan or folded loop body runs once per iteration
+            flops += f * times
+            o = eqn.outputs[r.outputs[0][0]]
+            if after[o] and not before[o] and to_state[o] and eqn.name in ELEMENTWISE_SET:
+                update += f * times
+                info, _ = self.tables.info(self.tables.output_key[o])
+                update_full += info.signature.flops * times
+        return flops, update, update_full
 
     def weight_updates(self) -> dict[str, str]:
         """For each weight in loop-carried state (state a contraction reads): how its update runs."""
