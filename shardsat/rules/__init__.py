@@ -2,8 +2,9 @@
 rules that grow the layout e-graph from them."""
 
 from .apply import KeyInfo, RuleTables, grow
-from .registry import SIGNATURES, UNSUPPORTED, register
+from .registry import SIGNATURES, UNSUPPORTED, add_rule, register, rule_for
 from .reshard import ReshardEdge
+from .rule import PrimitiveRule
 from .signature import FactorSignature
 from .strategies import Strategy
 
@@ -12,9 +13,12 @@ __all__ = [
     "UNSUPPORTED",
     "FactorSignature",
     "KeyInfo",
+    "PrimitiveRule",
     "ReshardEdge",
     "RuleTables",
     "Strategy",
+    "add_rule",
     "grow",
     "register",
+    "rule_for",
 ]

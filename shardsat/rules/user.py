@@ -19,7 +19,8 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from ..errors import InvalidArgumentError, InvalidSignatureError
 from . import custom
 from .primitives import EqnTypes
-from .registry import SIGNATURES, UNSUPPORTED
+from .registry import add_rule, rule_for
+from .rule import Localizer, PrimitiveRule
 from .signature import FactorSignature, TensorFactors, factors_of, infer_sizes, parse_tensors
 
 
@@ -76,6 +77,12 @@ def register_signature(
     need_replication_factors: Sequence[str] = (),
     linear: Sequence[Sequence[int]] = (),
     flops_per_element: float = 1.0,
+    fusible: bool | None = None,
+    elementwise: bool | None = None,
+    heavy: bool | None = None,
+    writes_slot: bool | None = None,
+    localize: Localizer | None = None,
+    pin: str | None = None,
 ) -> SignatureRule:
     """Teach shardsat how `primitive` shards, as a factor signature "ops -> results".
 
@@ -84,6 +91,14 @@ def register_signature(
     need_replication_factors: factors that may not be sharded (a normalisation over them, a
       sort, a window).
     linear: groups of operand positions through which a pending partial sum passes unchanged.
+    The other keywords set the rest of the primitive's PrimitiveRule (rules/rule.py); None keeps
+    what a rule already registered under the name says (False / none for a new primitive):
+    fusible: XLA fuses it into its neighbours (the cost model charges only its result's bytes).
+    elementwise: pointwise arithmetic (counted in the optimizer update's FLOPs).
+    heavy: a contraction, like dot_general (collectives between two cannot be combined).
+    writes_slot: it writes its operand into one slot of a larger result (charged the operand).
+    localize: rewrites params that name global sizes to the local ones, for running on shards.
+    pin: the param holding a sharding the result must have (the op is the user's layout pin).
     `primitive` may be a `custom_partitioning` function (after `def_partition`): the rule then
     applies to its calls only, in place of its own sharding_rule, and its reduction factors and
     linear groups are kept whole there (its partition callback returns complete results).
@@ -94,6 +109,8 @@ def register_signature(
 
     problems = signature_problems(primitive, spec, reduction_factors, need_replication_factors, linear,
                                   flops_per_element)
+    problems += _flag_problems(fusible=fusible, elementwise=elementwise, heavy=heavy, writes_slot=writes_slot,
+                               localize=localize, pin=pin)
     if problems:
         raise InvalidArgumentError("register_signature: " + " ".join(problems))
     cp = isinstance(primitive, custom_partitioning)
@@ -129,9 +146,25 @@ def register_signature(
         # calls carry the partition callback, not the function: find the rule by the callback
         custom.FUNCTION_RULES[primitive.partition] = rule.builder
         return rule
-    SIGNATURES[name] = rule.builder
-    UNSUPPORTED.pop(name, None)
+    flags = {"fusible": fusible, "elementwise": elementwise, "heavy": heavy, "writes_slot": writes_slot,
+             "localize": localize, "pin": pin}
+    old = rule_for(name)
+    kept = {k: getattr(old, k) if v is None else v for k, v in flags.items()}
+    add_rule(PrimitiveRule(name, rule.builder, **kept), primitive)
     return rule
+
+
+def _flag_problems(**flags: Any) -> list[str]:
+    """The PrimitiveRule keywords of register_signature, checked before anything is registered."""
+    out = []
+    for k in ("fusible", "elementwise", "heavy", "writes_slot"):
+        if flags[k] is not None and not isinstance(flags[k], bool):
+            out.append(f"{k} must be True, False or None (keep the registered value), got {flags[k]!r}.")
+    if flags["localize"] is not None and not callable(flags["localize"]):
+        out.append(f"localize must be a function (params, ins, outs) -> params, got {flags['localize']!r}.")
+    if flags["pin"] is not None and not isinstance(flags["pin"], str):
+        out.append(f"pin must be the name of the param holding the sharding, got {flags['pin']!r}.")
+    return out
 
 
 def _cp_name(fn: Any) -> str:
