@@ -4,6 +4,8 @@ sets through register_signature must reach the stages that read them."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,7 @@ from jax.extend.core import Primitive
 import shardsat
 from shardsat.egraph.layout import MeshAxes, SpaceTable
 from shardsat.egraph.program import trace
+from shardsat.extract import fusion
 from shardsat.extract.cost import CostModel
 from shardsat.extract.profile import get_profile
 from shardsat.extract.structure import heavy_roles
@@ -22,6 +25,7 @@ from shardsat.rules import primitives as p
 from shardsat.rules import windowed as w
 from shardsat.rules.apply import build_tables
 from shardsat.rules.primitives import EqnTypes
+from shardsat.rules.rule import Fuse
 from shardsat.runtime.local import local_params
 
 # ---- the former tables, as they stood (rules/primitives.py ELEMENTWISE, _ADDITIVE, _UNARY_LINEAR;
@@ -53,6 +57,46 @@ OLD_LOCALIZE = {"broadcast_in_dim": ("shape", "result"), "reshape": ("new_sizes"
                 "dynamic_slice": ("slice_sizes", "operand"), "gather": ("slice_sizes", "operand")}
 OLD_PINS = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
 OLD_SLOT = {"scan_stack"}
+# extract/fusion.py: CHEAP, EXPENSIVE, REDUCE, "gather", INPLACE, INPLACE_OPAQUE, REREADS
+OLD_CHEAP = {
+    "add", "add_any", "sub", "mul", "neg", "max", "min", "select_n", "convert_element_type", "eq",
+    "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "abs", "sign", "floor", "ceil", "round",
+    "is_finite", "copy", "copy_p", "square", "clamp", "nextafter", "shift_left", "shift_right_logical",
+    "shift_right_arithmetic", "population_count", "clz", "reduce_precision", "real", "imag", "conj",
+    "complex", "bitcast_convert_type", "integer_pow", "stop_gradient", "sharding_constraint",
+    "device_put", "reshard", "empty", "empty2", "broadcast_in_dim", "reshape", "squeeze",
+    "expand_dims", "iota", "slice", "pad", "concatenate", "rev", "dynamic_slice", "transpose",
+    "split", "stack", "unstack", "tile", "scan_slice", "sin", "cos", "eq_to", "le_to", "lt_to",
+}
+OLD_EXPENSIVE = {
+    "div", "rem", "exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "cbrt",
+    "pow", "erf", "erfc", "erf_inv", "atan2", "tan", "asin", "acos", "atan", "asinh", "acosh", "atanh",
+    "sinh", "cosh", "lgamma", "digamma", "igamma", "igammac", "bessel_i0e", "bessel_i1e", "polygamma",
+    "zeta", "regularized_incomplete_beta", "random_gamma_grad", "threefry2x32",
+}
+OLD_REDUCE = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
+              "argmax", "argmin"}
+OLD_INPLACE = {"dynamic_update_slice", "scatter", "scatter-add", "scatter_add", "scatter_mul", "scatter_min",
+               "scatter_max", "scatter_sub", "scatter_apply"}
+OLD_INPLACE_OPAQUE = {"sort"}
+OLD_REREADS = {"broadcast_in_dim", "pad", "concatenate", "tile"}
+
+
+def _old_fuse(name: str) -> Fuse:
+    """The old extract/fusion.py `kind`, by name."""
+    if name in OLD_CHEAP:
+        return Fuse.CHEAP
+    if name in OLD_EXPENSIVE:
+        return Fuse.EXPENSIVE
+    if name in OLD_REDUCE:
+        return Fuse.REDUCE
+    if name == "gather":
+        return Fuse.GATHER
+    if name in OLD_INPLACE or name.startswith("scatter"):
+        return Fuse.INPLACE
+    return Fuse.OPAQUE
+
+
 OLD_SIGNATURES = {name: p.elementwise for name in OLD_ELEMENTWISE}
 OLD_SIGNATURES.update({
     "dot_general": p.dot_general, "reduce_sum": p.reduce_sum, "reduce_max": p.reduce_other,
@@ -87,7 +131,8 @@ OLD_UNSUPPORTED = {
     "rng_bit_generator": "stateful RNG is not partitioned yet",
 }
 ALL_OLD = (set(OLD_SIGNATURES) | set(OLD_UNSUPPORTED) | OLD_FUSIBLE | OLD_HEAVY | set(OLD_LOCALIZE)
-           | set(OLD_PINS) | OLD_ADDITIVE | OLD_UNARY_LINEAR)
+           | set(OLD_PINS) | OLD_ADDITIVE | OLD_UNARY_LINEAR | OLD_CHEAP | OLD_EXPENSIVE | OLD_REDUCE
+           | OLD_INPLACE | OLD_INPLACE_OPAQUE | OLD_REREADS)
 
 
 def _old_linear(name: str, t: EqnTypes) -> tuple[tuple[int, ...], ...]:
@@ -121,6 +166,10 @@ def test_every_old_table_entry_has_a_rule_with_the_same_flags(name):
     assert rule.writes_slot == (name in OLD_SLOT)
     assert rule.pin == OLD_PINS.get(name)
     assert (rule.localize is None) == (name not in OLD_LOCALIZE)
+    assert rule.sorts_in_place == (name in OLD_INPLACE_OPAQUE)
+    assert rule.rereads == (name in OLD_REREADS)
+    eqn = SimpleNamespace(name=name, primitive=Primitive(name))  # not the registered object: found by name
+    assert fusion.kind(eqn) == _old_fuse(name)  # type: ignore[arg-type]
     if rule.builder is p.elementwise:
         for n, din, dout in ((1, "float32", "float32"), (2, "float32", "float32"), (3, "int32", "float32"),
                              (1, "bool", "float32"), (1, "float32", "int32")):
@@ -174,8 +223,12 @@ def _local_bytes(prim: Primitive) -> float:
 def test_user_flags_reach_the_cost_model_and_structure():
     plain, fused = _user_prim("rule_plain_p"), _user_prim("rule_fused_p")
     shardsat.register_signature(plain, "a b -> a b")
-    shardsat.register_signature(fused, "a b -> a b", fusible=True, heavy=True, elementwise=True)
+    shardsat.register_signature(fused, "a b -> a b", fusible=True, heavy=True, elementwise=True, fuse="expensive",
+                                rereads=True, sorts_in_place=True)
     assert not rule_for(plain).fusible and rule_for(fused).fusible and rule_for(fused).elementwise
+    eqn = SimpleNamespace(name=fused.name, primitive=fused)
+    assert fusion.kind(eqn) == Fuse.EXPENSIVE and fusion.in_place(eqn)  # type: ignore[arg-type]
+    assert rule_for(fused).rereads and rule_for(plain).fuse == Fuse.OPAQUE
     # fusible: charged for its result only (half of reading the operand and writing the result)
     assert _local_bytes(fused) == pytest.approx(_local_bytes(plain) / 2)
     prog = trace(lambda x: jnp.tanh(fused.bind(x)), [jnp.ones((64, 128))])
@@ -184,6 +237,11 @@ def test_user_flags_reach_the_cost_model_and_structure():
     # a later registration keeps the flags it does not set
     shardsat.register_signature(fused, "a b -> a b", need_replication_factors=("b",))
     assert rule_for(fused).fusible and rule_for(fused).heavy
+
+
+def test_unknown_scatter_variants_update_in_place():
+    eqn = SimpleNamespace(name="scatter-something", primitive=Primitive("scatter-something"))
+    assert fusion.kind(eqn) == Fuse.INPLACE  # type: ignore[arg-type]
 
 
 def test_user_flags_reach_localisation_and_pins():
@@ -201,6 +259,8 @@ def test_user_flags_reach_localisation_and_pins():
     assert rule_for(prim).localize is localize and rule_for(other).pin == "where"  # kept by name
     with pytest.raises(shardsat.InvalidArgumentError, match="fusible must be"):
         shardsat.register_signature(prim, "a b -> a b", fusible="yes")
+    with pytest.raises(shardsat.InvalidArgumentError, match="fuse must be"):
+        shardsat.register_signature(prim, "a b -> a b", fuse="sometimes")
 
 
 def test_a_rule_linearity_reaches_the_signature():

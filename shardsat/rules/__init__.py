@@ -4,7 +4,7 @@ rules that grow the layout e-graph from them."""
 from .apply import KeyInfo, RuleTables, grow
 from .registry import SIGNATURES, UNSUPPORTED, add_rule, register, rule_for
 from .reshard import ReshardEdge
-from .rule import PrimitiveRule
+from .rule import Fuse, PrimitiveRule
 from .signature import FactorSignature
 from .strategies import Strategy
 
@@ -12,6 +12,7 @@ __all__ = [
     "SIGNATURES",
     "UNSUPPORTED",
     "FactorSignature",
+    "Fuse",
     "KeyInfo",
     "PrimitiveRule",
     "ReshardEdge",

@@ -15,6 +15,7 @@ from . import indexing as ix
 from . import primitives as p
 from . import windowed as w
 from .rule import (
+    Fuse,
     LinearFn,
     PrimitiveRule,
     all_operands,
@@ -29,6 +30,7 @@ from .rule import (
 
 def _ew(name: str, linear: LinearFn | None = None, **kw: Any) -> PrimitiveRule:
     """Pointwise arithmetic: the elementwise signature, fused by XLA."""
+    kw.setdefault("fuse", Fuse.CHEAP)
     return PrimitiveRule(name, kw.pop("builder", p.elementwise), linear=linear, elementwise=True, fusible=True, **kw)
 
 
@@ -40,62 +42,73 @@ def _replicated(name: str) -> PrimitiveRule:
     return PrimitiveRule(name, p.replicated)
 
 
-_POINTWISE = (
-    "abs", "acos", "acosh", "and", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "ceil", "clz", "cos",
-    "cosh", "digamma", "eq", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "floor", "ge", "gt", "igamma",
-    "igammac", "integer_pow", "is_finite", "le", "lgamma", "log", "log1p", "logistic", "lt", "max", "min",
-    "ne", "nextafter", "not", "or", "population_count", "pow", "reduce_precision", "rem", "round", "rsqrt",
-    "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "sin", "sinh", "sqrt", "square",
-    "tan", "tanh", "xor", "eq_to", "le_to", "lt_to", "bessel_i0e", "bessel_i1e", "polygamma", "zeta",
+# pointwise ops XLA duplicates into every reader
+_CHEAP = (
+    "abs", "and", "ceil", "clz", "cos", "eq", "floor", "ge", "gt", "integer_pow", "is_finite", "le", "lt",
+    "max", "min", "ne", "nextafter", "not", "or", "population_count", "reduce_precision", "round",
+    "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "sin", "square", "xor", "eq_to",
+    "le_to", "lt_to",
+)
+# pointwise ops XLA stores when several kernels read them (InstructionFusion::IsExpensive)
+_EXPENSIVE = (
+    "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "cosh", "digamma", "erf", "erf_inv",
+    "erfc", "exp", "exp2", "expm1", "igamma", "igammac", "lgamma", "log", "log1p", "logistic", "pow", "rem",
+    "rsqrt", "sinh", "sqrt", "tan", "tanh", "bessel_i0e", "bessel_i1e", "polygamma", "zeta",
     "regularized_incomplete_beta", "random_gamma_grad", "threefry2x32",
 )
 
 _BUILTIN: list[PrimitiveRule] = [
     # ---- elementwise (linear ones pass a pending partial sum through)
-    *(_ew(name) for name in _POINTWISE),
+    *(_ew(name) for name in _CHEAP),
+    *(_ew(name, fuse=Fuse.EXPENSIVE) for name in _EXPENSIVE),
     *(_ew(name, all_operands) for name in ("add", "add_any", "sub")),
     *(_ew(name, first_operand) for name in ("neg", "copy", "copy_p", "real", "imag", "conj", "stop_gradient",
-                                            "device_put", "div")),
+                                            "device_put")),
+    _ew("div", first_operand, fuse=Fuse.EXPENSIVE),
     _ew("mul", each_operand),
     _ew("select_n", select_cases),
     _ew("convert_element_type", float_convert),
     _ew("clamp", builder=p.clamp),
     _ew("sharding_constraint", first_operand, pin="sharding"),  # a user's layout pin
-    _op("reshard", p.elementwise, linear=first_operand, pin="dst_sharding"),  # (rules/apply.py keeps its layout)
+    # reshard: a user's layout pin too (rules/apply.py keeps its layout)
+    _op("reshard", p.elementwise, linear=first_operand, pin="dst_sharding", fuse=Fuse.CHEAP),
     # ---- contractions and reductions
     _op("dot_general", p.dot_general, heavy=True),
-    _op("reduce_sum", p.reduce_sum),
-    *(_op(name, p.reduce_other) for name in ("reduce_max", "reduce_min", "reduce_prod", "reduce_and",
-                                             "reduce_or", "reduce_xor")),
-    _op("argmax", p.argminmax),
-    _op("argmin", p.argminmax),
+    _op("reduce_sum", p.reduce_sum, fuse=Fuse.REDUCE),
+    *(_op(name, p.reduce_other, fuse=Fuse.REDUCE)
+      for name in ("reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor")),
+    _op("argmax", p.argminmax, fuse=Fuse.REDUCE),
+    _op("argmin", p.argminmax, fuse=Fuse.REDUCE),
     *(_op(name, p.cumulative) for name in ("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")),
     # ---- data movement (XLA fuses most of it)
-    _op("broadcast_in_dim", p.broadcast_in_dim, fusible=True, localize=result_shape("shape")),
-    _op("transpose", p.transpose, fusible=True),
-    _op("reshape", p.reshape, fusible=True, localize=result_shape("new_sizes")),
-    _op("squeeze", p.squeeze, fusible=True),
-    _op("expand_dims", p.expand_dims, fusible=True),
-    _op("iota", p.iota, fusible=True, localize=result_shape("shape")),
-    _op("slice", p.slice_, fusible=True, localize=operand_sizes("limit_indices")),
-    _op("pad", p.pad, fusible=True),
-    _op("dynamic_slice", p.dynamic_slice, fusible=True, localize=operand_sizes("slice_sizes")),
-    _op("dynamic_update_slice", p.dynamic_update_slice, fusible=True),
-    _op("concatenate", p.concatenate, fusible=True),
-    _op("stack", p.stack),
-    _op("unstack", p.unstack),
-    _op("tile", p.tile),
+    _op("broadcast_in_dim", p.broadcast_in_dim, fusible=True, localize=result_shape("shape"),
+        fuse=Fuse.CHEAP, rereads=True),
+    _op("transpose", p.transpose, fusible=True, fuse=Fuse.CHEAP),
+    _op("reshape", p.reshape, fusible=True, localize=result_shape("new_sizes"), fuse=Fuse.CHEAP),
+    _op("squeeze", p.squeeze, fusible=True, fuse=Fuse.CHEAP),
+    _op("expand_dims", p.expand_dims, fusible=True, fuse=Fuse.CHEAP),
+    _op("iota", p.iota, fusible=True, localize=result_shape("shape"), fuse=Fuse.CHEAP),
+    _op("slice", p.slice_, fusible=True, localize=operand_sizes("limit_indices"), fuse=Fuse.CHEAP),
+    _op("pad", p.pad, fusible=True, fuse=Fuse.CHEAP, rereads=True),
+    _op("dynamic_slice", p.dynamic_slice, fusible=True, localize=operand_sizes("slice_sizes"),
+        fuse=Fuse.CHEAP),
+    _op("dynamic_update_slice", p.dynamic_update_slice, fusible=True, fuse=Fuse.INPLACE),
+    _op("concatenate", p.concatenate, fusible=True, fuse=Fuse.CHEAP, rereads=True),
+    _op("stack", p.stack, fuse=Fuse.CHEAP),
+    _op("unstack", p.unstack, fuse=Fuse.CHEAP),
+    _op("tile", p.tile, fuse=Fuse.CHEAP, rereads=True),
     _op("optimization_barrier", p.optimization_barrier),
-    _op("rev", p.rev, fusible=True),
-    _op("sort", p.sort),
+    _op("rev", p.rev, fusible=True, fuse=Fuse.CHEAP),
+    _op("sort", p.sort, sorts_in_place=True),
     _op("top_k", p.top_k),
-    _op("split", p.split, fusible=True),
-    _op("bitcast_convert_type", p.bitcast_convert_type, fusible=True),
+    _op("split", p.split, fusible=True, fuse=Fuse.CHEAP),
+    _op("bitcast_convert_type", p.bitcast_convert_type, fusible=True, fuse=Fuse.CHEAP),
     # uninitialised buffers (scan's transpose makes them): any layout, nothing to compute
-    _op("empty", p.elementwise),
-    _op("empty2", p.elementwise),
+    _op("empty", p.elementwise, fuse=Fuse.CHEAP),
+    _op("empty2", p.elementwise, fuse=Fuse.CHEAP),
     # ---- lax.scan plumbing: the body is planned once, between these pseudo-equations
-    _op("scan_slice", p.scan_slice, fusible=True),  # a scan reads its iteration's slice of xs in place
+    # a scan reads its iteration's slice of xs in place
+    _op("scan_slice", p.scan_slice, fusible=True, fuse=Fuse.CHEAP),
     _op("scan_stack", p.scan_stack, writes_slot=True),  # each iteration writes its own slot of ys
     _op("scan_final", p.elementwise, fusible=True),
     _op("cond_merge", p.cond_merge),
@@ -104,8 +117,11 @@ _BUILTIN: list[PrimitiveRule] = [
     *(_replicated(name) for name in ("random_bits", "random_seed", "random_wrap", "random_unwrap",
                                      "random_split", "random_fold_in")),
     # ---- indexing.py: gather and the scatter family
-    _op("gather", ix.gather, localize=operand_sizes("slice_sizes")),
-    *(_op(name, ix.scatter) for name in ix.SCATTERS),
+    _op("gather", ix.gather, localize=operand_sizes("slice_sizes"), fuse=Fuse.GATHER),
+    *(_op(name, ix.scatter, fuse=Fuse.INPLACE) for name in ix.SCATTERS),
+    # ---- no signature yet, but known to XLA's fusion (the memory model)
+    PrimitiveRule("complex", fuse=Fuse.CHEAP),
+    PrimitiveRule("scatter_apply", fuse=Fuse.INPLACE),
     # ---- windowed.py: convolutions and windowed reductions
     _op("conv_general_dilated", w.conv_general_dilated, heavy=True),
     _op("reduce_window_sum", w.reduce_window_sum),

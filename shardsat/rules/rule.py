@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 from ..errors import InvalidSignatureError
@@ -22,6 +23,17 @@ Groups = tuple[tuple[int, ...], ...]
 # (params, [(global, local) shape per operand], [(global, local) shape per result]) -> params
 Localizer = Callable[[dict[str, Any], list[tuple[Shape, Shape]], list[tuple[Shape, Shape]]], dict[str, Any]]
 LinearFn = Callable[[EqnTypes], Groups]
+
+
+class Fuse(IntEnum):
+    """How XLA's fusion passes treat an op (the memory model's view, extract/fusion.py)."""
+
+    CHEAP = 0  # elementwise-like, duplicated into every reader
+    EXPENSIVE = 1  # elementwise but stored when several kernels read it
+    REDUCE = 2  # a fusion root that reads fused producers and writes a (smaller) buffer
+    GATHER = 3  # reads a materialised table; fuses into one reader
+    INPLACE = 4  # updates a buffer in place (scatter, dynamic-update-slice)
+    OPAQUE = 5  # reads and writes whole buffers (dot, conv, sort, collectives, loops)
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,9 @@ class PrimitiveRule:
     writes_slot: bool = False  # writes its operand into one slot of a larger buffer (scan ys)
     localize: Localizer | None = None  # rewrites params naming global sizes to shard sizes
     pin: str | None = None  # the user's layout pin: the param holding the pinned sharding
+    fuse: Fuse = Fuse.OPAQUE  # what XLA's fusion makes of it (which results are buffers)
+    sorts_in_place: bool = False  # opaque, yet writes its result into a dying operand's buffer
+    rereads: bool = False  # reads each operand element many times (broadcast, pad, tile)
 
     def signature(self, t: EqnTypes) -> FactorSignature:
         """The factor signature of one equation: the builder's, with this rule's linearity."""
