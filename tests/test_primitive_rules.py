@@ -197,6 +197,7 @@ def test_localizers_rewrite_the_same_param(name):
 def test_legacy_views_read_and_write_the_registry():
     assert "dot_general" in SIGNATURES and "while" in UNSUPPORTED and "while" not in SIGNATURES
     prim = Primitive("legacy_view_prim")
+    assert rule_for(prim).builder is None  # looked up (and remembered) before it is registered
     SIGNATURES[prim.name] = p.elementwise
     assert rule_for(prim).builder is p.elementwise
     SIGNATURES.pop(prim.name)

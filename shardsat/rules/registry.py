@@ -143,6 +143,8 @@ _BUILTIN: list[PrimitiveRule] = [
 
 _BY_NAME: dict[str, PrimitiveRule] = {}
 _BY_PRIMITIVE: dict[Any, PrimitiveRule] = {}  # user primitives registered as objects
+# what rule_for found, by Primitive object or name: the memory model asks per equation, often
+_FOUND: dict[Any, PrimitiveRule] = {}
 
 
 def add_rule(rule: PrimitiveRule, primitive: Any = None) -> PrimitiveRule:
@@ -150,6 +152,7 @@ def add_rule(rule: PrimitiveRule, primitive: Any = None) -> PrimitiveRule:
     _BY_NAME[rule.name] = rule
     if primitive is not None and not isinstance(primitive, str):
         _BY_PRIMITIVE[primitive] = rule
+    _FOUND.clear()
     return rule
 
 
@@ -161,6 +164,13 @@ for _rule in _BUILTIN:
 def rule_for(primitive: Any) -> PrimitiveRule:
     """The rule of a Primitive (by object first, then by name) or of a name; an empty rule (no
     builder, no flags) for a primitive nobody registered."""
+    hit = _FOUND.get(primitive)
+    if hit is None:
+        hit = _FOUND[primitive] = _find(primitive)
+    return hit
+
+
+def _find(primitive: Any) -> PrimitiveRule:
     if not isinstance(primitive, str):
         hit = _BY_PRIMITIVE.get(primitive)
         if hit is not None:
@@ -181,6 +191,7 @@ def _update(name: str, **changes: Any) -> None:
     for prim, rule in list(_BY_PRIMITIVE.items()):
         if rule.name == name:
             _BY_PRIMITIVE[prim] = dataclasses.replace(rule, **changes)
+    _FOUND.clear()
 
 
 def register(name: str, builder: p.Builder) -> None:
