@@ -24,15 +24,8 @@ import numpy as np
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import MeshAxes, SpaceTable
 from ..rules.apply import RuleTables
-from ..rules.primitives import ELEMENTWISE
+from ..rules.registry import rule_for
 from .profile import DeviceProfile
-
-# Ops XLA fuses with their producers or consumers: charged for their result only.
-FUSIBLE = frozenset(ELEMENTWISE) | {
-    "broadcast_in_dim", "reshape", "transpose", "squeeze", "expand_dims", "iota", "slice", "pad",
-    "concatenate", "rev", "dynamic_slice", "dynamic_update_slice", "split", "clamp", "bitcast_convert_type",
-    "scan_slice", "scan_final",  # a scan reads its iteration's slice of xs in place
-}
 
 
 @dataclass(frozen=True)
@@ -62,12 +55,12 @@ class CostModel:
         n_out = len(info.result_spaces)
         flops = info.signature.flops / st.split / n_out
         nbytes = 0.0
-        name = info.signature.name
-        if name == "scan_stack":  # each iteration writes its own slot: the operand's bytes
+        rule = rule_for(info.signature.name)
+        if rule.writes_slot:  # each iteration writes its own slot: the operand's bytes
             ops = [sp for sp in info.operand_spaces if sp is not None]
             nbytes = float(self.spaces.shard_bytes(ops[0], st.ins[0]))
         else:
-            if name not in FUSIBLE:
+            if not rule.fusible:  # XLA fuses it: its operands stay in registers
                 ops = [sp for sp in info.operand_spaces if sp is not None]
                 for sp, lid in zip(ops, st.ins, strict=True):
                     nbytes += self.spaces.shard_bytes(sp, lid)

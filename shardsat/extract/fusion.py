@@ -7,73 +7,30 @@ contraction, a sort or a collective reads whole buffers; a loop or branch bounda
 output or an in-place update needs one. An expensive elementwise op (exp, log, tanh, divide,
 rsqrt, ...) read by several kernels is computed once and stored, not recomputed in each
 (XLA's `InstructionFusion::IsExpensive`); a cheap one is duplicated into each reader. XLA:CPU
-also keeps a reduction over major dimensions apart from its producer. This table is the memory
-model's view of `xla/service/instruction_fusion.cc` and `cpu/cpu_instruction_fusion.cc`.
+also keeps a reduction over major dimensions apart from its producer. Each primitive's
+PrimitiveRule (rules/registry.py) states its kind: the memory model's view of
+`xla/service/instruction_fusion.cc` and `cpu/cpu_instruction_fusion.cc`.
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
-
 from ..egraph.program import Equation
+from ..rules.registry import rule_for
+from ..rules.rule import Fuse
 
-
-class Fuse(IntEnum):
-    CHEAP = 0  # elementwise-like, duplicated into every reader
-    EXPENSIVE = 1  # elementwise but stored when several kernels read it
-    REDUCE = 2  # a fusion root that reads fused producers and writes a (smaller) buffer
-    GATHER = 3  # reads a materialised table; fuses into one reader
-    INPLACE = 4  # updates a buffer in place (scatter, dynamic-update-slice)
-    OPAQUE = 5  # reads and writes whole buffers (dot, conv, sort, collectives, loops)
-
-
-CHEAP = frozenset({
-    "add", "add_any", "sub", "mul", "neg", "max", "min", "select_n", "convert_element_type", "eq",
-    "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "abs", "sign", "floor", "ceil", "round",
-    "is_finite", "copy", "copy_p", "square", "clamp", "nextafter", "shift_left", "shift_right_logical",
-    "shift_right_arithmetic", "population_count", "clz", "reduce_precision", "real", "imag", "conj",
-    "complex", "bitcast_convert_type", "integer_pow", "stop_gradient", "sharding_constraint",
-    "device_put", "reshard", "empty", "empty2", "broadcast_in_dim", "reshape", "squeeze",
-    "expand_dims", "iota", "slice", "pad", "concatenate", "rev", "dynamic_slice", "transpose",
-    "split", "stack", "unstack", "tile", "scan_slice", "sin", "cos", "eq_to", "le_to", "lt_to",
-})
-EXPENSIVE = frozenset({
-    "div", "rem", "exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "cbrt",
-    "pow", "erf", "erfc", "erf_inv", "atan2", "tan", "asin", "acos", "atan", "asinh", "acosh", "atanh",
-    "sinh", "cosh", "lgamma", "digamma", "igamma", "igammac", "bessel_i0e", "bessel_i1e", "polygamma",
-    "zeta", "regularized_incomplete_beta", "random_gamma_grad", "threefry2x32",
-})
-REDUCE = frozenset({
-    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
-    "argmax", "argmin",
-})
-INPLACE = frozenset({"dynamic_update_slice", "scatter", "scatter-add", "scatter_add", "scatter_mul",
-                     "scatter_min", "scatter_max", "scatter_sub", "scatter_apply"})
 # results XLA may write into an operand's buffer when that operand dies there (a sort sorts its
 # operand's buffer in place)
 INPLACE_KINDS = frozenset({Fuse.CHEAP, Fuse.EXPENSIVE, Fuse.INPLACE})
-INPLACE_OPAQUE = frozenset({"sort"})
 
 
 def in_place(eqn: Equation) -> bool:
-    return kind(eqn) in INPLACE_KINDS or eqn.name in INPLACE_OPAQUE
-# readers that re-read each operand element many times: an expensive producer is stored for them
-REREADS = frozenset({"broadcast_in_dim", "pad", "concatenate", "tile"})
+    return kind(eqn) in INPLACE_KINDS or rule_for(eqn.primitive).sorts_in_place
 
 
 def kind(eqn: Equation) -> Fuse:
-    name = eqn.name
-    if name in CHEAP:
-        return Fuse.CHEAP
-    if name in EXPENSIVE:
-        return Fuse.EXPENSIVE
-    if name in REDUCE:
-        return Fuse.REDUCE
-    if name == "gather":
-        return Fuse.GATHER
-    if name in INPLACE or name.startswith("scatter"):
-        return Fuse.INPLACE
-    return Fuse.OPAQUE
+    """The op's fusion kind, from its PrimitiveRule (an unknown scatter variant updates in place)."""
+    fuse = rule_for(eqn.primitive).fuse
+    return Fuse.INPLACE if fuse == Fuse.OPAQUE and eqn.name.startswith("scatter") else fuse
 
 
 def reads_whole(eqn: Equation, pos: int, rank: int) -> bool:
@@ -98,7 +55,7 @@ def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: b
     if eqn.name == "broadcast_in_dim" and any(r.name == "reshape" for r in readers):
         return True  # a reshape that interleaves broadcast dimensions is no bitcast: XLA:CPU writes it out
     if k in (Fuse.EXPENSIVE, Fuse.GATHER):
-        return len({id(r) for r in readers}) > 1 or any(r.name in REREADS for r in readers)
+        return len({id(r) for r in readers}) > 1 or any(rule_for(r.primitive).rereads for r in readers)
     return False
 
 

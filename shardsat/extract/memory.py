@@ -19,7 +19,7 @@ from ..egraph.program import Literal, Program
 from .buffers import Allocation, Temp
 from .liveness import Buf, Peak, PlanLiveness, Timeline, execution_order
 from .result import Extraction
-from .structure import HEAVY, heavy_roles
+from .structure import heavy_roles, is_heavy
 
 
 @dataclass
@@ -177,7 +177,7 @@ class MemoryModel:
                 grp, k = self.graph.value_group.get(prog.alias(o)), tl.key(o)
                 if grp is None or grp not in ch or k is None or k in seen:
                     continue
-                if eqn.name in HEAVY and after_heavy[o] and not feeds_heavy[o] and \
+                if is_heavy(eqn) and after_heavy[o] and not feeds_heavy[o] and \
                         (v.shape, str(v.dtype)) in weight_shapes and len(v.shape) >= 2:
                     seen.add(k)
                     c = ch[grp]

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from ..egraph.export import ExportedGraph
-from ..egraph.program import Program
+from ..egraph.program import Equation, Program
+from ..rules.registry import rule_for
 
-HEAVY = frozenset({"dot_general", "conv_general_dilated"})
+
+def is_heavy(eqn: Equation) -> bool:
+    """A contraction (its PrimitiveRule says `heavy`): dot_general, conv_general_dilated."""
+    return rule_for(eqn.primitive).heavy
 
 
 def heavy_roles(program: Program) -> tuple[list[bool], list[bool]]:
@@ -22,15 +26,16 @@ def heavy_roles(program: Program) -> tuple[list[bool], list[bool]]:
     loops = [(cin, src) for scan in program.scans
              for cin, cout, init in zip(scan.carry_in, scan.carry_out, scan.init, strict=True)
              for src in (cout, init) if isinstance(src, int)]
+    heavy = [is_heavy(eqn) for eqn in program.equations]
     for _ in range(4):  # a few rounds reach the fixpoint of loops around loops
         changed = False
-        for eqn in program.equations:
-            dep = eqn.name in HEAVY or any(isinstance(a, int) and after[a] for a in eqn.inputs)
+        for eqn, h in zip(program.equations, heavy, strict=True):
+            dep = h or any(isinstance(a, int) and after[a] for a in eqn.inputs)
             for o in eqn.outputs:
                 if dep and not after[o]:
                     after[o] = changed = True
-        for eqn in reversed(program.equations):
-            if eqn.name in HEAVY or any(before[o] for o in eqn.outputs):
+        for eqn, h in zip(reversed(program.equations), reversed(heavy), strict=True):
+            if h or any(before[o] for o in eqn.outputs):
                 for a in eqn.inputs:
                     if isinstance(a, int) and not before[a]:
                         before[a] = changed = True

@@ -2,8 +2,9 @@
 rules that grow the layout e-graph from them."""
 
 from .apply import KeyInfo, RuleTables, grow
-from .registry import SIGNATURES, UNSUPPORTED, register
+from .registry import SIGNATURES, UNSUPPORTED, add_rule, register, rule_for
 from .reshard import ReshardEdge
+from .rule import Fuse, PrimitiveRule
 from .signature import FactorSignature
 from .strategies import Strategy
 
@@ -11,10 +12,14 @@ __all__ = [
     "SIGNATURES",
     "UNSUPPORTED",
     "FactorSignature",
+    "Fuse",
     "KeyInfo",
+    "PrimitiveRule",
     "ReshardEdge",
     "RuleTables",
     "Strategy",
+    "add_rule",
     "grow",
     "register",
+    "rule_for",
 ]

@@ -22,7 +22,7 @@ from ..errors import InvalidArgumentError, UnsupportedPrimitiveError
 from ..limits import Limits
 from . import custom, generic
 from .primitives import EqnTypes, replicated
-from .registry import SIGNATURES, UNSUPPORTED
+from .registry import rule_for
 from .reshard import ReshardEdge, reshard_edges
 from .signature import FactorSignature
 from .strategies import Strategy, enumerate_strategies
@@ -93,8 +93,8 @@ def signature_for(eqn: Equation, t: EqnTypes, fallback: str) -> tuple[FactorSign
     """The equation's signature, or (with fallback "replicate") the replicated one and why."""
     if any(0 in shape for shape in (*t.in_shapes, *t.out_shapes)):
         return replicated(t), None  # an array with no elements: nothing worth sharding
-    builder = SIGNATURES.get(eqn.name)
-    reason = UNSUPPORTED.get(eqn.name)
+    rule = rule_for(eqn.primitive)
+    builder, reason = (None if rule.builder is None else rule.signature), rule.unsupported
     if eqn.name == custom.PRIMITIVE:  # rules are per function, not per primitive
         builder, reason = custom.builder_for(eqn.params, builder)
     if builder is not None:
@@ -122,13 +122,11 @@ def _key_info(key: str, eqn: Equation, t: EqnTypes, op_spaces: tuple[Space | Non
     return KeyInfo(key, eqn.index, sig, strategies, op_spaces, res_spaces, why is not None, why)
 
 
-CONSTRAINTS = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
-
-
-def _constraint_filter(eqn: Equation, info: KeyInfo, spaces: SpaceTable, problems: list[str]) -> None:
-    """A with_sharding_constraint / reshard inside the user's function is a hard pin: keep only
-    the strategies that give its result the constrained layout (unconstrained dims stay free)."""
-    sharding = eqn.params.get(CONSTRAINTS[eqn.name])
+def _constraint_filter(eqn: Equation, pin: str, info: KeyInfo, spaces: SpaceTable, problems: list[str]) -> None:
+    """A with_sharding_constraint / reshard inside the user's function (its param `pin` holds the
+    sharding) is a hard pin: keep only the strategies that give its result the constrained
+    layout (unconstrained dims stay free)."""
+    sharding = eqn.params.get(pin)
     spec = getattr(sharding, "spec", sharding)
     if spec is None:
         return
@@ -163,8 +161,9 @@ def build_tables(prog: Program, spaces: SpaceTable, fallback: str) -> RuleTables
             op_spaces = tuple(None if isinstance(a, Literal) else value_space[a] for a in eqn.inputs)
             res_spaces = tuple(value_space[o] for o in eqn.outputs)
             info = _key_info(key, eqn, t, op_spaces, res_spaces, spaces, fallback)
-            if eqn.name in CONSTRAINTS:
-                _constraint_filter(eqn, info, spaces, problems)
+            pin = rule_for(eqn.primitive).pin
+            if pin is not None:
+                _constraint_filter(eqn, pin, info, spaces, problems)
             tables.keys[key] = info
         if info.fallback:
             tables.fallbacks.append(Fallback(eqn.index, eqn.name, eqn.source, info.why or ""))

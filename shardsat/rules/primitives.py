@@ -63,33 +63,9 @@ def _is_float(dtype: Any) -> bool:
 
 # ---- elementwise -----------------------------------------------------------------------------
 
-_ADDITIVE = {"add", "sub", "add_any"}
-_UNARY_LINEAR = {
-    "neg", "copy", "copy_p", "real", "imag", "conj", "stop_gradient", "sharding_constraint",
-    "device_put", "reduce_precision_linear", "reshard",
-}
-
-
-def _linear_groups(t: EqnTypes) -> tuple[tuple[int, ...], ...]:
-    n = len(t.in_shapes)
-    name = t.name
-    if name in _ADDITIVE:
-        return (tuple(range(n)),)
-    if name in _UNARY_LINEAR:
-        return ((0,),)
-    if name == "convert_element_type":
-        ok = _is_float(t.out_dtypes[0]) and np.dtype(t.in_dtypes[0]) != np.dtype(bool)
-        return ((0,),) if ok else ()
-    if name == "mul":
-        return ((0,), (1,))
-    if name == "div":
-        return ((0,),)
-    if name == "select_n":
-        return (tuple(range(1, n)),)
-    return ()
-
-
 def elementwise(t: EqnTypes) -> FactorSignature:
+    """Dims of equal size share a factor (broadcast operands skip theirs). Which operands a
+    pending sum passes through is the op's own: its PrimitiveRule's `linear` adds it."""
     shape = t.out_shapes[0]
     fac = _dims("d", len(shape))
     operands: list[TensorFactors] = []
@@ -99,10 +75,7 @@ def elementwise(t: EqnTypes) -> FactorSignature:
         else:
             operands.append(tuple((f,) if n == m else () for f, n, m in zip(fac, s, shape, strict=True)))
     results = [tuple((f,) for f in fac) for _ in t.out_shapes]
-    return _sig(t, operands, results, linear=_linear_groups(t), flops=float(t.out_size * max(1, len(t.in_shapes) - 1)))
-
-
-ELEMENTWISE = ["abs", "acos", "acosh", "add", "add_any", "and", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "ceil", "clamp", "clz", "conj", "convert_element_type", "copy", "copy_p", "cos", "cosh", "digamma", "div", "eq", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "floor", "ge", "gt", "igamma", "igammac", "imag", "integer_pow", "is_finite", "le", "lgamma", "log", "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "nextafter", "not", "or", "population_count", "pow", "real", "reduce_precision", "rem", "round", "rsqrt", "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "sin", "sinh", "sqrt", "square", "stop_gradient", "sub", "tan", "tanh", "xor", "eq_to", "le_to", "lt_to", "bessel_i0e", "bessel_i1e", "polygamma", "zeta", "regularized_incomplete_beta", "random_gamma_grad", "threefry2x32", "sharding_constraint", "device_put"]
+    return _sig(t, operands, results, flops=float(t.out_size * max(1, len(t.in_shapes) - 1)))
 
 
 # ---- contractions and reductions -------------------------------------------------------------

@@ -19,7 +19,8 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from ..errors import InvalidArgumentError, InvalidSignatureError
 from . import custom
 from .primitives import EqnTypes
-from .registry import SIGNATURES, UNSUPPORTED
+from .registry import add_rule, rule_for
+from .rule import Fuse, Localizer, PrimitiveRule
 from .signature import FactorSignature, TensorFactors, factors_of, infer_sizes, parse_tensors
 
 
@@ -76,6 +77,15 @@ def register_signature(
     need_replication_factors: Sequence[str] = (),
     linear: Sequence[Sequence[int]] = (),
     flops_per_element: float = 1.0,
+    fusible: bool | None = None,
+    elementwise: bool | None = None,
+    heavy: bool | None = None,
+    writes_slot: bool | None = None,
+    localize: Localizer | None = None,
+    pin: str | None = None,
+    fuse: Fuse | str | None = None,
+    sorts_in_place: bool | None = None,
+    rereads: bool | None = None,
 ) -> SignatureRule:
     """Teach shardsat how `primitive` shards, as a factor signature "ops -> results".
 
@@ -84,6 +94,18 @@ def register_signature(
     need_replication_factors: factors that may not be sharded (a normalisation over them, a
       sort, a window).
     linear: groups of operand positions through which a pending partial sum passes unchanged.
+    The other keywords set the rest of the primitive's PrimitiveRule (rules/rule.py); None keeps
+    what a rule already registered under the name says (False / none for a new primitive):
+    fusible: XLA fuses it into its neighbours (the cost model charges only its result's bytes).
+    elementwise: pointwise arithmetic (counted in the optimizer update's FLOPs).
+    heavy: a contraction, like dot_general (collectives between two cannot be combined).
+    writes_slot: it writes its operand into one slot of a larger result (charged the operand).
+    localize: rewrites params that name global sizes to the local ones, for running on shards.
+    pin: the param holding a sharding the result must have (the op is the user's layout pin).
+    fuse: what XLA's fusion makes of it, a Fuse or its name ("cheap", "expensive", "reduce",
+      "gather", "inplace", "opaque"): which of its results the memory model counts as buffers.
+    sorts_in_place: opaque, yet writes its result into a dying operand's buffer (like sort).
+    rereads: reads each operand element many times (like broadcast_in_dim).
     `primitive` may be a `custom_partitioning` function (after `def_partition`): the rule then
     applies to its calls only, in place of its own sharding_rule, and its reduction factors and
     linear groups are kept whole there (its partition callback returns complete results).
@@ -94,10 +116,35 @@ def register_signature(
 
     problems = signature_problems(primitive, spec, reduction_factors, need_replication_factors, linear,
                                   flops_per_element)
+    problems += _flag_problems(fusible=fusible, elementwise=elementwise, heavy=heavy, writes_slot=writes_slot,
+                               localize=localize, pin=pin, fuse=fuse, sorts_in_place=sorts_in_place,
+                               rereads=rereads)
     if problems:
         raise InvalidArgumentError("register_signature: " + " ".join(problems))
     cp = isinstance(primitive, custom_partitioning)
     name = _cp_name(primitive) if cp else getattr(primitive, "name", None) or str(primitive)
+    operands, results = _parse_spec(name, spec, reduction_factors, need_replication_factors, linear)
+    rule = SignatureRule(
+        primitive=primitive, name=name, spec=spec, operands=operands, results=results,
+        reduction=frozenset(reduction_factors), need_replication=frozenset(need_replication_factors),
+        linear=tuple(tuple(int(i) for i in g) for g in linear), flops_per_element=flops_per_element,
+    )
+    if cp:
+        # calls carry the partition callback, not the function: find the rule by the callback
+        custom.FUNCTION_RULES[primitive.partition] = rule.builder
+        return rule
+    flags = {"fusible": fusible, "elementwise": elementwise, "heavy": heavy, "writes_slot": writes_slot,
+             "localize": localize, "pin": pin, "fuse": None if fuse is None else _fuse(fuse),
+             "sorts_in_place": sorts_in_place, "rereads": rereads}
+    old = rule_for(name)  # a flag not given keeps the value a rule of this name has
+    kept = {k: getattr(old, k) if v is None else v for k, v in flags.items()}
+    add_rule(PrimitiveRule(name, rule.builder, **kept), primitive)
+    return rule
+
+
+def _parse_spec(name: str, spec: str, reduction_factors: Sequence[str], need_replication_factors: Sequence[str],
+                linear: Sequence[Sequence[int]]) -> tuple[tuple[TensorFactors, ...], tuple[TensorFactors, ...]]:
+    """(operands, results) of a spec, checked against the other arguments; errors name the rule."""
     where = f"rule `{name}` ({spec!r})"
     if "->" not in spec:
         raise InvalidSignatureError(f"{where} needs '->' between operands and results.")
@@ -120,18 +167,28 @@ def register_signature(
             if not 0 <= int(i) < len(operands):
                 raise InvalidSignatureError(f"{where}: linear group {tuple(group)} names operand {i}; "
                                             f"the spec has {len(operands)} operands.")
-    rule = SignatureRule(
-        primitive=primitive, name=name, spec=spec, operands=operands, results=results,
-        reduction=frozenset(reduction_factors), need_replication=frozenset(need_replication_factors),
-        linear=tuple(tuple(int(i) for i in g) for g in linear), flops_per_element=flops_per_element,
-    )
-    if cp:
-        # calls carry the partition callback, not the function: find the rule by the callback
-        custom.FUNCTION_RULES[primitive.partition] = rule.builder
-        return rule
-    SIGNATURES[name] = rule.builder
-    UNSUPPORTED.pop(name, None)
-    return rule
+    return operands, results
+
+
+def _flag_problems(**flags: Any) -> list[str]:
+    """The PrimitiveRule keywords of register_signature, checked before anything is registered."""
+    out = []
+    for k in ("fusible", "elementwise", "heavy", "writes_slot", "sorts_in_place", "rereads"):
+        if flags[k] is not None and not isinstance(flags[k], bool):
+            out.append(f"{k} must be True, False or None (keep the registered value), got {flags[k]!r}.")
+    if flags["localize"] is not None and not callable(flags["localize"]):
+        out.append(f"localize must be a function (params, ins, outs) -> params, got {flags['localize']!r}.")
+    if flags["pin"] is not None and not isinstance(flags["pin"], str):
+        out.append(f"pin must be the name of the param holding the sharding, got {flags['pin']!r}.")
+    fuse = flags["fuse"]
+    if fuse is not None and not isinstance(fuse, Fuse) and str(fuse).upper() not in Fuse.__members__:
+        out.append(f"fuse must be a shardsat.rules.Fuse or one of {[k.lower() for k in Fuse.__members__]}, "
+                   f"got {fuse!r}.")
+    return out
+
+
+def _fuse(value: Fuse | str) -> Fuse:
+    return value if isinstance(value, Fuse) else Fuse[str(value).upper()]
 
 
 def _cp_name(fn: Any) -> str:

@@ -22,9 +22,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..egraph.export import NodeKind
 from ..egraph.layout import Layout, MeshAxes
 from ..egraph.program import SCAN_PSEUDO, Literal, Program
+from ..rules.registry import rule_for
 from .local import check_local, local_params
-
-PINS = frozenset({"sharding_constraint", "reshard"})
 
 
 @dataclass(frozen=True)
@@ -179,7 +178,7 @@ class Interpreter:
         operands = [a.value if isinstance(a, Literal) else scope.view(a, lid)
                     for a, lid in zip(eqn.inputs, operand_lids, strict=True)]
         # a user's own pin is replaced by the plan's constraint on the result
-        outs = operands[0] if eqn.name in PINS else eqn.primitive.bind(*operands, **eqn.params)
+        outs = operands[0] if rule_for(eqn.primitive).pin is not None else eqn.primitive.bind(*operands, **eqn.params)
         if not eqn.primitive.multiple_results:
             outs = [outs]
         for k, lid in run.outputs:
@@ -429,7 +428,7 @@ def _run_on_shards(it: Interpreter, eqn: Any, run: EqnRun, operand_lids: list[in
         operands = []
         for a, lid in zip(eqn.inputs, operand_lids, strict=True):
             operands.append(a.value if isinstance(a, Literal) else it.unstack(next(rest), lid))
-        params = local_params(eqn.name, eqn.params, [s for s in shapes if s is not None],
+        params = local_params(eqn.primitive, eqn.params, [s for s in shapes if s is not None],
                               [(g, loc if loc is not None else g) for g, loc in all_outs])
         outs = eqn.primitive.bind(*operands, **params)
         if not eqn.primitive.multiple_results:

@@ -22,13 +22,11 @@ from ..extract.result import Extraction
 from ..extract.structure import heavy_roles
 from ..limits import StopReason
 from ..rules.apply import RuleTables
-from ..rules.primitives import ELEMENTWISE
+from ..rules.registry import rule_for
 from .argcheck import PlannedArgs, planned_args
 from .hlo import count_collectives
 from .lower import EqnRun, Interpreter, Step
 from .record import Origin
-
-ELEMENTWISE_SET = frozenset(ELEMENTWISE)
 
 KIND_NAMES = {
     NodeKind.ALL_GATHER: "all-gather",
@@ -603,7 +601,7 @@ class Plan:
             times = ex.choices[grp].weight  # a scan or folded loop body runs once per iteration
             flops += f * times
             o = eqn.outputs[r.outputs[0][0]]
-            if after[o] and not before[o] and to_state[o] and eqn.name in ELEMENTWISE_SET:
+            if after[o] and not before[o] and to_state[o] and rule_for(eqn.primitive).elementwise:
                 update += f * times
                 info, _ = self.tables.info(self.tables.output_key[o])
                 update_full += info.signature.flops * times
