@@ -6,6 +6,8 @@
     plan.save("plan.json"); plan = shardsat.load_plan("plan.json", fn, mesh, *example_args)
 """
 
+# First: egglog's thread pool is sized when egglog is imported (see threads.py).
+from . import threads as _threads  # noqa: F401
 from .api import saturate_and_extract
 from .egraph.rewrite import Rewrite
 from .errors import (

@@ -1,7 +1,10 @@
 """The public API: pytrees, meshes, pins, limits, errors, report and explain."""
 
+import os
 import re
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -27,6 +30,20 @@ def test_readme_example_runs():
     assert blocks
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {})
+
+
+def test_import_leaves_the_environment_alone():
+    """Importing shardsat sizes egglog's thread pool without setting RAYON_NUM_THREADS for the user,
+    and keeps a value the user set."""
+    script = "import os, shardsat; print('RAYON=' + repr(os.environ.get('RAYON_NUM_THREADS')))"
+    env = {k: v for k, v in os.environ.items() if k != "RAYON_NUM_THREADS"}
+    for value, expected in ((None, "None"), ("3", "'3'")):
+        if value is not None:
+            env["RAYON_NUM_THREADS"] = value
+        out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"RAYON={expected}" in out.stdout.splitlines()
 
 
 # examples/multihost.py starts two processes that each plan a GPT step (about a minute here);

@@ -38,9 +38,6 @@ from .schema import (
     VList,
 )
 
-# Single-threaded egglog: faster on small graphs and deterministic tie-breaking (egglog-notes.md).
-os.environ.setdefault("RAYON_NUM_THREADS", "1")
-
 base_rules = ruleset(name="shardsat_base")
 
 
