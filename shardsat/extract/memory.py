@@ -143,7 +143,7 @@ class MemoryModel:
         return self.last_peak
 
     def _donated(self, live: PlanLiveness, alloc: Allocation, arg: int, k_out: int,
-                 combined: tuple[int, int]) -> list[Temp]:
+                 combined: tuple[tuple[int, int], ...]) -> list[Temp]:
         """The old value of a donated argument holds its buffer until its last read; where a
         reader is not provably before the new value's producer, XLA copies the argument first
         and the buffer is free from the start (returns the copy)."""
