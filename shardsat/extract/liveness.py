@@ -446,6 +446,12 @@ class PlanLiveness:
             when = max(self.born.get((b[0], s.src), 0) for b, s, _, _ in sinks)  # type: ignore[attr-defined]
             for b, s, _, _ in sinks:
                 self.read(b[0], s.src, when, when, True)  # type: ignore[attr-defined]
+                if s.kind == NodeKind.REDUCE_SCATTER:  # type: ignore[attr-defined]
+                    # the combined all-reduce writes every whole result at once; each reader
+                    # slices its shard out of it (the slice fuses), so the whole buffer lives
+                    # until the reduced value's last read
+                    end = max(self.last.get(b, when), when)
+                    self.transient.append((when, end, tl.size(b[0], s.src)))  # type: ignore[attr-defined]
         every = 0
         for _, _, src, _ in reds:
             every |= 1 << src
