@@ -51,6 +51,7 @@ class Timeline:
         self.graph = graph
         self.spaces = spaces
         self.tables = tables  # the strategies, where the graph has no children (a loaded plan)
+        self._whole: dict[tuple[int, int], bool] = {}  # (id of an equation, operand) -> reads_whole
         self.seq = execution_order(program)
         self._keys()
         self._static_stored()
@@ -59,6 +60,9 @@ class Timeline:
             self._keys()
         self._regions()
         self._dependencies()
+        # per position and operand: does the reader need it whole (every plan's liveness reads it)
+        self.whole_at = [[isinstance(a, int) and self.reads_whole(e, pos, a) for pos, a in enumerate(e.inputs)]
+                         for e in self.seq]
 
     # -- static structure ---------------------------------------------------------------------
     def key(self, v: int) -> Key | None:
@@ -202,7 +206,7 @@ class Timeline:
 
     def reads_whole(self, e: Equation, pos: int, a: int) -> bool:
         """fusion.reads_whole for operand `pos` (value `a`) of `e`, with YNNPACK's reductions."""
-        memo = self.__dict__.setdefault("_whole", {})
+        memo = self._whole
         got = memo.get((id(e), pos))
         if got is None:
             got = memo[(id(e), pos)] = self._reads_whole(e, pos, a)
@@ -412,7 +416,7 @@ class PlanLiveness:
                     if k is None or (e.name == "cond_merge" and pos > 0):
                         continue
                     k = tl.redirect.get(k, k)
-                    whole = tl.reads_whole(e, pos, a)
+                    whole = tl.whole_at[t][pos]
                     row.append((k, lid, whole))
                     if lid is None or lid == self.produced.get(k) or self._fused_slice(k, lid, whole):
                         self.direct.setdefault(k, set()).add(t)
