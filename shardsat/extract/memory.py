@@ -13,12 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..egraph.export import ExportedGraph, NodeKind
+from ..egraph.export import ExportedGraph
 from ..egraph.layout import SpaceTable
 from ..egraph.program import Literal, Program
-from . import fusion
 from .buffers import Allocation, Temp
-from .liveness import Buf, Key, Peak, PlanLiveness, Timeline, execution_order
+from .liveness import Buf, Peak, PlanLiveness, Timeline, execution_order
 from .result import Extraction
 from .structure import HEAVY, heavy_roles
 
@@ -155,42 +154,11 @@ class MemoryModel:
         b = (ka, ch[grp].layout)
         last = live.last.get(b, 0)
         made = tl.made_at.get(out[0])
-        hidden = self._recomputed_readers(live, ka, out)
-        if made is None or (not hidden and tl.runs_before(live.direct.get(ka, set()), made, combined)):
+        if made is None or tl.runs_before(live.direct.get(ka, set()), made, combined):
             alloc.busy.append((0, last, False))
             return []
         alloc.busy.append((0, 0, False))
-        return [Temp(tl.size(*b), 0, max(last, *hidden) if hidden else last, tag=b)]
-
-    def _recomputed_readers(self, live: PlanLiveness, ka: Key, out: Buf) -> set[int]:
-        """Readers of a donated argument's old value hidden in recomputation: where the new
-        value is all-gathered along a minor dimension into the argument's buffer, XLA makes the
-        shard in the gather's (transposed) layout, and its other readers compute the cheap
-        update again from the old value in their own layout, after the gather may have
-        overwritten it (XLA copies the argument: seen for Adam's moments of split weights)."""
-        tl = self.timeline
-        s = live.step_to.get(out)
-        made = tl.made_at.get(out[0])
-        if s is None or made is None or s.kind != NodeKind.ALL_GATHER or s.src != live.produced.get(out[0]):  # type: ignore[attr-defined]
-            return set()
-        if not live._minor(out[0], s.dst, s.dim) or not self._reads_fused(live, made, ka, 4):  # type: ignore[attr-defined]
-            return set()
-        return {r for r in live.direct.get(out[0], set()) if r != made}
-
-    def _reads_fused(self, live: PlanLiveness, t: int, ka: Key, depth: int) -> bool:
-        """Does the elementwise equation at `t` read key `ka`, directly or through fused
-        (not stored) elementwise producers?"""
-        tl = self.timeline
-        if depth < 0 or fusion.kind(tl.seq[t]) not in (fusion.Fuse.CHEAP, fusion.Fuse.EXPENSIVE):
-            return False
-        for a in tl.seq[t].inputs:
-            k = tl.key(a) if isinstance(a, int) else None
-            if k == ka:
-                return True
-            src = tl.made_at.get(k) if k is not None else None
-            if src is not None and not live.stored.get(k, True) and self._reads_fused(live, src, ka, depth - 1):  # type: ignore[arg-type]
-                return True
-        return False
+        return [Temp(tl.size(*b), 0, last, tag=b)]
 
     def gradients(self, ex: Extraction) -> int:
         """Reduced gradients: contraction-derived values with a weight's shape that feed no
