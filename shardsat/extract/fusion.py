@@ -33,23 +33,56 @@ def kind(eqn: Equation) -> Fuse:
     return Fuse.INPLACE if fuse == Fuse.OPAQUE and eqn.name.startswith("scatter") else fuse
 
 
-def reads_whole(eqn: Equation, pos: int, rank: int) -> bool:
+def reads_whole(eqn: Equation, pos: int, rank: int, library: bool = False) -> bool:
     """Does this reader need its operand `pos` (of rank `rank`) materialised, unable to fuse its
-    producer?"""
+    producer? `library`: a reduction XLA:CPU hands to YNNPACK (ynn_reduce)."""
     k = kind(eqn)
     if k == Fuse.OPAQUE:
         return True
     if k in (Fuse.INPLACE, Fuse.GATHER):  # the updated buffer, the table; updates and indices fuse
         return pos == 0
     if k == Fuse.REDUCE:  # XLA:CPU fuses producers into reductions of the minor dimension only
-        return rank > 0 and (rank - 1) not in tuple(eqn.params.get("axes", ()))
+        return library or (rank > 0 and (rank - 1) not in tuple(eqn.params.get("axes", ())))
     return False
 
 
-def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: bool) -> bool:
+# XLA:CPU runs a large f32 add / max / min reduction as a YNNPACK kernel (ynn_support.cc,
+# IsReduceOpOffloadedToYnn), which reads a whole buffer: the reduced operand is materialised
+# whatever the reduced dimensions, unless its producer is one XLA leaves to its own fusion (a
+# multiply, which the library fusion takes in, or a view-like op).
+YNN_REDUCERS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
+YNN_MIN_ELEMENTS = 32 * 1024
+YNN_KEPT_PRODUCERS = frozenset({"mul", "square", "broadcast_in_dim", "reshape", "squeeze", "expand_dims",
+                                "slice", "concatenate", "convert_element_type"})
+
+
+def ynn_reduce(eqn: Equation, shape: tuple[int, ...], dtype: object, producer: Equation | None,
+               masks: bool = False) -> bool:
+    """Is this reduction (of an operand of `shape` and `dtype`, made by `producer`; None: an
+    argument) a YNNPACK kernel that reads its operand as a buffer? The size test is on the
+    global operand: a shard under the threshold is a small buffer either way. `masks`: the
+    producer multiplies by a converted boolean, which XLA's algebraic simplifier turns into a
+    select (no longer a multiply)."""
+    if eqn.name not in YNN_REDUCERS or not eqn.params.get("axes") or str(dtype) != "float32":
+        return False
+    n = 1
+    for d in shape:
+        n *= int(d)
+    if n < YNN_MIN_ELEMENTS:
+        return False
+    if producer is None:
+        return True
+    if producer.name == "integer_pow":  # x ** 2 is a multiply in HLO
+        return producer.params.get("y") != 2
+    return producer.name not in YNN_KEPT_PRODUCERS or masks
+
+
+def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: bool,
+           reshape: bool = False) -> bool:
     """Is the result of `eqn` a buffer? `readers`: the equations that read it; `whole_read`: one
-    of them cannot fuse it; `boundary`: it leaves the program or crosses a region boundary."""
-    k = kind(eqn)
+    of them cannot fuse it; `boundary`: it leaves the program or crosses a region boundary;
+    `reshape`: a reduction of size-1 dimensions only, which XLA's simplifier makes a reshape."""
+    k = Fuse.CHEAP if reshape else kind(eqn)
     if boundary or whole_read or k in (Fuse.REDUCE, Fuse.INPLACE, Fuse.OPAQUE) or not readers:
         return True
     if eqn.name == "broadcast_in_dim" and any(r.name == "reshape" for r in readers):

@@ -51,6 +51,7 @@ class Timeline:
         self.graph = graph
         self.spaces = spaces
         self.tables = tables  # the strategies, where the graph has no children (a loaded plan)
+        self._whole: dict[tuple[int, int], bool] = {}  # (id of an equation, operand) -> reads_whole
         self.seq = execution_order(program)
         self._keys()
         self._static_stored()
@@ -59,6 +60,9 @@ class Timeline:
             self._keys()
         self._regions()
         self._dependencies()
+        # per position and operand: does the reader need it whole (every plan's liveness reads it)
+        self.whole_at = [[isinstance(a, int) and self.reads_whole(e, pos, a) for pos, a in enumerate(e.inputs)]
+                         for e in self.seq]
 
     # -- static structure ---------------------------------------------------------------------
     def key(self, v: int) -> Key | None:
@@ -123,13 +127,14 @@ class Timeline:
                 self.mreaders[t] = frozenset(r2 for r in readers[t]
                                              for r2 in (self.mreaders.get(r, frozenset({r}))))
 
-    def runs_before(self, readers: set[int], t: int, combined: tuple[int, int] = (0, 0)) -> bool:
+    def runs_before(self, readers: set[int], t: int, combined: tuple[tuple[int, int], ...] = ()) -> bool:
         """Do all `readers` (positions) run before position t, by dependency (or are t)?
-        `combined`: (sources, their ancestors) of the reductions XLA combines into one
-        all-reduce: what depends on one of them depends on all."""
+        `combined`: per all-reduce XLA combines into one, (sources, their ancestors): what
+        depends on one of its sources depends on all."""
         anc = self.anc[t]
-        if anc & combined[0]:
-            anc |= combined[1]
+        for bits, above in combined:
+            if anc & bits:
+                anc |= above
         for r in readers:
             for r2 in self.mreaders.get(r, (r,)):
                 if r2 != t and not (anc >> r2) & 1:
@@ -180,7 +185,7 @@ class Timeline:
                 if k is None:
                     continue
                 readers.setdefault(k, []).append(e)
-                if fusion.reads_whole(e, pos, len(prog.values[a].shape)):
+                if self.reads_whole(e, pos, a):
                     whole.add(k)
         boundary: set[Key] = set()
         for o in prog.outputs:
@@ -196,8 +201,45 @@ class Timeline:
         self.stored: dict[Key, bool] = {}
         for t, e in enumerate(self.seq):
             for k in self.first[t]:
-                self.stored[k] = fusion.stored(e, readers.get(k, []), k in whole, k in boundary)
+                self.stored[k] = fusion.stored(e, readers.get(k, []), k in whole, k in boundary, self.degenerate(e))
         self.readers_whole = whole
+
+    def reads_whole(self, e: Equation, pos: int, a: int) -> bool:
+        """fusion.reads_whole for operand `pos` (value `a`) of `e`, with YNNPACK's reductions."""
+        memo = self._whole
+        got = memo.get((id(e), pos))
+        if got is None:
+            got = memo[(id(e), pos)] = self._reads_whole(e, pos, a)
+        return got
+
+    def degenerate(self, e: Equation) -> bool:
+        """A reduction over size-1 dimensions only: XLA's simplifier makes it a reshape."""
+        if fusion.kind(e) != fusion.Fuse.REDUCE or not e.inputs or not isinstance(e.inputs[0], int):
+            return False
+        shape = self.program.values[e.inputs[0]].shape
+        return all(shape[int(d)] == 1 for d in e.params.get("axes", ()))
+
+    def _reads_whole(self, e: Equation, pos: int, a: int) -> bool:
+        if self.degenerate(e):
+            return False
+        v = self.program.values[a]
+        library = False
+        if fusion.kind(e) == fusion.Fuse.REDUCE and pos == 0:
+            src = self.program.equations[v.producer] if v.producer is not None else None
+            library = fusion.ynn_reduce(e, v.shape, v.dtype, src, src is not None and self._masks(src))
+        return fusion.reads_whole(e, pos, len(v.shape), library)
+
+    def _masks(self, e: Equation) -> bool:
+        """A multiply by a boolean converted to a number (XLA makes it a select)."""
+        if e.name != "mul":
+            return False
+        for a in e.inputs:
+            p = self.program.values[a].producer if isinstance(a, int) else None
+            src = self.program.equations[p] if p is not None else None
+            if src is not None and src.name == "convert_element_type" and isinstance(src.inputs[0], int) \
+                    and self.program.values[src.inputs[0]].dtype == bool:
+                return True
+        return False
 
     # -- per plan -----------------------------------------------------------------------------
     def operand_layouts(self, t: int, ch: dict[int, GroupChoice]) -> list[int | None]:
@@ -281,9 +323,8 @@ def bfs_order(seq: list[Equation], runs: list[bool]) -> list[Equation]:
             if indeg[u] == 0:
                 ready(u)
 
-    for i in range(len(seq)):
-        if indeg[i] == 0:
-            ready(i)
+    for i in [i for i in range(len(seq)) if indeg[i] == 0]:  # the roots as they are now: ready()
+        ready(i)  # lowers later counts to 0 and readies those itself
     while queue:
         i = queue.popleft()
         order.append(i)
@@ -317,7 +358,7 @@ class PlanLiveness:
         self.inplace: set[Buf] = set()  # made by an op that may write into a dying operand
         self.direct: dict[Key, set[int]] = {}  # positions that read a key in its produced layout
         self.view_readers: dict[Buf, set[int]] = {}  # positions that read a view
-        self.combined: tuple[int, int] = (0, 0)  # the combined all-reduce: sources, their ancestors
+        self.combined: tuple[tuple[int, int], ...] = ()  # per combined all-reduce: sources, their ancestors
         self.last: dict[Buf, int] = {}
         self.ev: dict[Key, tuple[int, int]] = {}  # a fused value: (first, last) time its readers run
         self.transient: list[tuple[int, int, int]] = []  # (start, end, bytes) of buffers no value names
@@ -361,7 +402,7 @@ class PlanLiveness:
         self._transposes(reads)
 
     def _reads(self) -> list[list[tuple[Key, int | None, bool]]]:
-        tl, prog = self.tl, self.tl.program
+        tl = self.tl
         out: list[list[tuple[Key, int | None, bool]]] = []
         for t, e in enumerate(tl.seq):
             row: list[tuple[Key, int | None, bool]] = []
@@ -375,7 +416,7 @@ class PlanLiveness:
                     if k is None or (e.name == "cond_merge" and pos > 0):
                         continue
                     k = tl.redirect.get(k, k)
-                    whole = fusion.reads_whole(e, pos, len(prog.values[a].shape))
+                    whole = tl.whole_at[t][pos]
                     row.append((k, lid, whole))
                     if lid is None or lid == self.produced.get(k) or self._fused_slice(k, lid, whole):
                         self.direct.setdefault(k, set()).add(t)
@@ -384,23 +425,37 @@ class PlanLiveness:
 
     def _combine(self) -> None:
         """XLA:CPU combines all-reduces that do not depend on one another into one (a
-        reduce-scatter is an all-reduce there): the last wave of reductions (the gradients' and
-        the loss's, that no other reduction waits for) runs once all their sources exist, which
-        stay live until then. `combined`: (sources, their ancestors) as bitsets of positions."""
+        reduce-scatter is an all-reduce there), but only those over the same device groups
+        (AllReduceCombiner keys on the replica groups): per group of mesh axes, the last wave of
+        reductions (that no other reduction waits for) runs once all their sources exist, which
+        stay live until then. `combined`: per group, (sources, their ancestors) as bitsets of
+        positions of the first wave."""
         tl = self.tl
-        reds = []
+        groups: dict[tuple[int, ...], list[tuple[Buf, object, int, int]]] = {}
         for b, s in self.step_to.items():
             src = tl.made_at.get(b[0])
             if s.kind in (NodeKind.ALL_REDUCE, NodeKind.REDUCE_SCATTER) and b in self.born and src is not None:  # type: ignore[attr-defined]
                 bits = 0
                 for p in self.view_readers.get(b, ()):
                     bits |= 1 << p
-                reds.append((b, s, src, bits))
+                groups.setdefault(tuple(sorted(s.axes)), []).append((b, s, src, bits))  # type: ignore[attr-defined]
+        self.combined = tuple(self._combine_group(reds) for reds in groups.values())
+
+    def _combine_group(self, reds: list[tuple[Buf, object, int, int]]) -> tuple[int, int]:
+        """One combined all-reduce: its last wave's sources live until all exist; returns the
+        first wave's (sources, their ancestors)."""
+        tl = self.tl
         sinks = [r for r in reds if not any(r2 is not r and (tl.anc[r2[2]] | (1 << r2[2])) & r[3] for r2 in reds)]
         if len(sinks) > 1:
             when = max(self.born.get((b[0], s.src), 0) for b, s, _, _ in sinks)  # type: ignore[attr-defined]
             for b, s, _, _ in sinks:
                 self.read(b[0], s.src, when, when, True)  # type: ignore[attr-defined]
+                if s.kind == NodeKind.REDUCE_SCATTER:  # type: ignore[attr-defined]
+                    # the combined all-reduce writes every whole result at once; each reader
+                    # slices its shard out of it (the slice fuses), so the whole buffer lives
+                    # until the reduced value's last read
+                    end = max(self.last.get(b, when), when)
+                    self.transient.append((when, end, tl.size(b[0], s.src)))  # type: ignore[attr-defined]
         every = 0
         for _, _, src, _ in reds:
             every |= 1 << src
@@ -409,7 +464,7 @@ class PlanLiveness:
             if not tl.anc[src] & every:
                 bits |= 1 << src
                 anc |= tl.anc[src] | (1 << src)
-        self.combined = (bits, anc)
+        return bits, anc
 
     def _fused_slice(self, k: Key, lid: int, whole: bool) -> bool:
         """A slice its reader fuses (it reads the source buffer itself)."""

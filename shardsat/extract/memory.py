@@ -138,12 +138,12 @@ class MemoryModel:
             excluded.add(b)
             alloc.busy.append((live.born.get(b, 0), end, b in live.inplace))
             if n in donated:  # written into the argument's buffer: busy while the argument is read
-                copies += self._donated(live, alloc, prog.args[donated[n]], k, combined)
+                copies += self._donated(live, alloc, prog.args[donated[n]], b, combined)
         self.last_peak = live.peak(excluded, list(fixed.values()), copies)
         return self.last_peak
 
-    def _donated(self, live: PlanLiveness, alloc: Allocation, arg: int, k_out: int,
-                 combined: tuple[int, int]) -> list[Temp]:
+    def _donated(self, live: PlanLiveness, alloc: Allocation, arg: int, out: Buf,
+                 combined: tuple[tuple[int, int], ...]) -> list[Temp]:
         """The old value of a donated argument holds its buffer until its last read; where a
         reader is not provably before the new value's producer, XLA copies the argument first
         and the buffer is free from the start (returns the copy)."""
@@ -153,7 +153,7 @@ class MemoryModel:
             return []
         b = (ka, ch[grp].layout)
         last = live.last.get(b, 0)
-        made = tl.made_at.get(k_out)
+        made = tl.made_at.get(out[0])
         if made is None or tl.runs_before(live.direct.get(ka, set()), made, combined):
             alloc.busy.append((0, last, False))
             return []

@@ -1,0 +1,165 @@
+"""The memory estimate's model of XLA:CPU, mechanism by mechanism: its breadth-first schedule,
+the reductions it hands to YNNPACK, size-1 reductions that are reshapes, and cross-entropy's
+vocabulary-sized buffers against the compiled figure."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import shardsat
+from shardsat.extract import fusion
+from shardsat.extract.liveness import bfs_order
+
+LOW, HIGH = 0.95, 1.10  # predicted / compiled, as benchmarks/memory.py accepts it
+
+
+@dataclass
+class Eq:
+    """The part of an Equation the schedule and the fusion rules read."""
+
+    name: str
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    params: dict[str, Any] = field(default_factory=dict)
+    effects: bool = False
+
+
+def test_breadth_first_order_is_a_permutation_when_fused_values_ready_later_roots():
+    """A fused (not scheduled) equation readies its readers at once; a root it readies that
+    comes later in program order is scheduled once, and the order is breadth first: both
+    independent chains start before either goes deeper (program order runs a whole chain
+    first)."""
+    seq = [Eq("a", (), (0,)), Eq("b", (0,), (1,)), Eq("c", (1,), (2,)),  # chain 1: a -> b -> c
+           Eq("neg", (), (3,)), Eq("d", (3,), (4,)), Eq("e", (4,), (5,))]  # chain 2, from a fused root
+    runs = [True, True, True, False, True, True]
+    order = bfs_order(seq, runs)  # type: ignore[arg-type]
+    assert sorted(id(e) for e in order) == sorted(id(e) for e in seq)
+    names = [e.name for e in order]
+    assert names.index("d") < names.index("b") or names.index("d") < names.index("c")
+    assert names != [e.name for e in seq]
+
+
+def test_ynn_reductions_read_a_buffer_unless_the_operand_is_a_multiply_or_a_view():
+    """XLA:CPU gives a large f32 sum / max / min to YNNPACK, which reads a whole buffer; a
+    multiply, a broadcast or a convert is left to XLA's own fusion; small or integer
+    reductions are XLA's."""
+    red = Eq("reduce_sum", (0,), (1,), {"axes": (2,)})
+    big, f32 = (8, 256, 1024), np.dtype(np.float32)
+    assert fusion.ynn_reduce(red, big, f32, Eq("sub", (), ()))  # type: ignore[arg-type]
+    assert fusion.ynn_reduce(red, big, f32, Eq("exp", (), ()))  # type: ignore[arg-type]
+    assert not fusion.ynn_reduce(red, big, f32, Eq("mul", (), ()))  # type: ignore[arg-type]
+    assert fusion.ynn_reduce(red, big, f32, Eq("mul", (), ()), masks=True)  # type: ignore[arg-type]
+    assert not fusion.ynn_reduce(red, big, f32, Eq("convert_element_type", (), ()))  # type: ignore[arg-type]
+    assert not fusion.ynn_reduce(red, (8, 16, 16), f32, Eq("sub", (), ()))  # type: ignore[arg-type]
+    assert not fusion.ynn_reduce(red, big, np.dtype(np.int32), Eq("sub", (), ()))  # type: ignore[arg-type]
+    assert not fusion.ynn_reduce(Eq("argmax", (0,), (1,), {"axes": (2,)}), big, f32,  # type: ignore[arg-type]
+                                 Eq("sub", (), ()))  # type: ignore[arg-type]
+    assert fusion.reads_whole(red, 0, 3, library=True)  # type: ignore[arg-type]
+    assert not fusion.reads_whole(red, 0, 3)  # type: ignore[arg-type]
+
+
+def test_a_reduction_of_size_1_dimensions_is_fused_like_a_reshape():
+    """XLA's simplifier makes a reduction over size-1 dimensions a reshape: not a buffer."""
+    red = Eq("reduce_sum", (0,), (1,), {"axes": (2,)})
+    assert fusion.stored(red, [Eq("mul", (1,), (2,))], False, False)  # type: ignore[arg-type, list-item]
+    assert not fusion.stored(red, [Eq("mul", (1,), (2,))], False, False, reshape=True)  # type: ignore[arg-type, list-item]
+
+
+def cross_entropy_step(w, x, labels):
+    """Tied-embedding style loss and its gradient: vocabulary-sized logits, softmax, the
+    loss's masked sum (a select after XLA's simplifier, reduced by YNNPACK) and the logits'
+    gradient read by two dots."""
+    def loss(w):
+        logits = x @ w.T
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        onehot = jax.nn.one_hot(labels, w.shape[0], dtype=logits.dtype)
+        return -jnp.mean(jnp.sum(logp * onehot, axis=-1))
+    return jax.grad(loss)(w)
+
+
+@pytest.mark.parametrize("pins", ["free", "vocab"])
+def test_cross_entropy_gradient_estimate_matches_compiled(pins):
+    """The vocabulary-sized buffers XLA holds at the peak (softmax's exp, the loss's masked
+    logits, the logits' gradient and its transposed copy) are all counted: within the band."""
+    mesh = jax.make_mesh((8,), ("data",))
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    w = jax.random.normal(k1, (8192, 256)) / 16
+    x = jax.random.normal(k2, (8, 128, 256))
+    labels = jax.random.randint(k3, (8, 128), 0, 8192)
+    shardings = None if pins == "free" else (P("data"), None, None)
+    plan = shardsat.saturate_and_extract(cross_entropy_step, mesh, w, x, labels, in_shardings=shardings,
+                                         profile="h100")
+    r = plan.cost.memory.total / plan.compiled_memory(w, x, labels)
+    assert LOW <= r <= HIGH, r
+
+
+@pytest.mark.xfail(strict=True, reason="known low estimate (0.91): XLA copies Adam moments that are updated on "
+                   "shards, all-gathered and recomputed by the weight's update; a rule for it over-counted the "
+                   "1-D mesh's DP plans (GPT/llama 1.22-1.24), so it is not in the model")
+def test_data_parallel_adam_step_on_a_2d_mesh_matches_compiled():
+    """Replicated GPT weights and Adam moments on a 4x2 mesh: the plan reduces gradients over
+    two device groups (XLA combines all-reduces per group only: what waits for one group's
+    reduction does not wait for the other's) and all-gathers moments updated on shards (a
+    moment gathered along a minor dimension is recomputed by the weight's update, and XLA
+    copies the old moment first). Within the band of the compiled figure."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from models import GPTConfig, gpt_batch, gpt_params, make_gpt_step
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    cfg = GPTConfig(layers=2, d_model=256, heads=4, mlp=1024, vocab=2048, seq=64, batch=16, embed="gather")
+    opt, step = make_gpt_step(cfg, eps=1e-4)
+    params = gpt_params(cfg, jax.random.key(0))
+    state, batch = (params, opt.init(params)), gpt_batch(cfg, jax.random.key(1))
+    rep = jax.tree_util.tree_map(lambda _: P(), state)
+    plan = shardsat.saturate_and_extract(step, mesh, state, batch, in_shardings=(rep, P("data")),
+                                         profile="h100", state_argnums=(0,), memory_limit=None)
+    r = plan.cost.memory.total / plan.compiled_memory(state, batch)
+    assert LOW <= r <= HIGH, r
+
+
+def test_combined_reduce_scatter_results_live_whole_until_read():
+    """Megatron MLP training on 4x2: the weight gradients are partial over "data" and reduced
+    to shards; XLA:CPU runs every such reduce-scatter as one combined all-reduce whose whole
+    results live until each update slices its shard out. Within the band of the compiled
+    figure (the base estimate, which held the whole buffer for an instant, was 0.85 on the
+    benchmark's MLP4 step)."""
+    import optax
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    ks = jax.random.split(jax.random.key(0), 6)
+    params = [jax.random.normal(ks[i], (512, 2048) if i % 2 == 0 else (2048, 512)) / 32 for i in range(4)]
+    batch = {"x": jax.random.normal(ks[4], (1024, 512)), "y": jax.random.normal(ks[5], (1024, 512))}
+    opt = optax.adamw(1e-3, weight_decay=0.01)
+
+    def step(state, batch):
+        ws, o = state
+
+        def loss(ws):
+            x = batch["x"]
+            for w in ws:
+                x = jax.nn.relu(x @ w)
+            return jnp.mean((x - batch["y"]) ** 2)
+
+        val, g = jax.value_and_grad(loss)(ws)
+        u, o = opt.update(g, o, ws)
+        return (optax.apply_updates(ws, u), o), val
+
+    state = (params, opt.init(params))
+    tp = [P(None, "model") if i % 2 == 0 else P("model", None) for i in range(4)]
+
+    def spec(path, x):
+        names = [k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)]
+        return tp[path[-1].idx] if x.ndim and ("mu" in names or "nu" in names) else P()
+
+    pins = ((tp, jax.tree_util.tree_map_with_path(spec, state[1])), {"x": P("data"), "y": P("data")})
+    plan = shardsat.saturate_and_extract(step, mesh, state, batch, in_shardings=pins, profile="h100",
+                                         state_argnums=(0,), memory_limit=None)
+    r = plan.cost.memory.total / plan.compiled_memory(state, batch)
+    assert LOW <= r <= HIGH, r
