@@ -6,6 +6,7 @@ A fixed-seed slice runs here, over small programs (every family is then tried by
 extract/search.py FAMILY_ALL_NODES); benchmarks/invariant.py runs the sweep over transformer
 steps."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -118,3 +119,24 @@ def test_family_budget_is_counted_in_work_not_seconds():
     assert a.report.e_nodes > search.FAMILY_ALL_NODES
     assert a.cost.total_s == b.cost.total_s
     assert a.in_shardings == b.in_shardings
+
+
+def test_families_after_an_unfinished_integer_program(monkeypatch):
+    """Regression: where the integer program ran out of time with a better plan (one with no
+    extractor state), the layout families' completions tried to release a pinned plan the
+    program had made and crashed (a cross-entropy gradient of tests/test_memory_xla.py). The
+    families complete greedily; a plan without state is kept as it is."""
+    real = search._exact
+
+    def unfinished(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return dataclasses.replace(out, state=None, exact_status="Time limit reached.")
+
+    monkeypatch.setattr(search, "_exact", unfinished)
+    step, args = mlp_step(1, 16, 64, 8, "momentum")
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    plan = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, extraction="exact")
+    k = jax.random.split(jax.random.key(1), 3)
+    p = [(jax.random.normal(k[0], (16, 64)) * 0.2, jax.random.normal(k[1], (64, 16)) * 0.2)]
+    opt = optax.sgd(1e-2, momentum=0.9)
+    assert_equivalent(plan, step, p, opt.init(p), jax.random.normal(k[2], (8, 16)))

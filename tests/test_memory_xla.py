@@ -28,6 +28,11 @@ class Eq:
     params: dict[str, Any] = field(default_factory=dict)
     effects: bool = False
 
+    @property
+    def primitive(self) -> str:
+        """The rules are found by Primitive or, as here, by name (rules/registry.rule_for)."""
+        return self.name
+
 
 def test_breadth_first_order_is_a_permutation_when_fused_values_ready_later_roots():
     """A fused (not scheduled) equation readies its readers at once; a root it readies that

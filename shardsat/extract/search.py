@@ -108,7 +108,7 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = 
         best = _exact(p, node_cost, best, deadline, method, exact_seconds)
     if families and best.exact_status != "optimal":
         every = p.graph.size <= FAMILY_ALL_NODES
-        best = _family_starts(p, ex, node_cost, best, families, deadline, method, exact_seconds,
+        best = _family_starts(p, ex, node_cost, best, families, deadline,
                               budget=float("inf") if every else FAMILY_SHARE * (ex.work[0] - work))
     best.explainer = ex.explain
     ex.forget_search()
@@ -193,7 +193,7 @@ def _exact(p: Problem, node_cost: np.ndarray, best: Extraction, deadline: float,
 
 
 def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction, families: list[Family],
-                   deadline: float, method: str, exact_seconds: float, budget: float) -> Extraction:
+                   deadline: float, budget: float) -> Extraction:
     """Each standard family (extract/families.py) planned as a user's pinned plan would be (the
     same search with its arguments pinned), then released: moved freely from there. A pinned
     layout lies inside the free search space, yet the local search from the free starts can
@@ -210,9 +210,11 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
         if time.perf_counter() >= deadline or (k and used + last > budget):
             break
         pins = {**p.place_pins, **fam.pins}
-        pinned = best_plan(replace(p, place_pins=pins, seeds=[]), node_cost, deadline, method,
-                           exact_seconds=exact_seconds, extractor=ex, bound=False)
-        freed = ex.release(pinned, p.roots, deadline, p.place_pins, p.ties)
+        # greedy: where the integer program runs, it has searched the free plans already (and
+        # its plans carry no extractor state to release)
+        pinned = best_plan(replace(p, place_pins=pins, seeds=[]), node_cost, deadline, "greedy",
+                           extractor=ex, bound=False)
+        freed = ex.release(pinned, p.roots, deadline, p.place_pins, p.ties) if pinned.state else pinned
         last = ex.work[0] - start - used
         for cand in (pinned, freed):
             if cand.total_s < best.total_s - EPS:
