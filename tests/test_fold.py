@@ -102,6 +102,12 @@ def test_folded_memory_and_weight_roles_match_the_unfolded_program():
     assert m1.gradients == m0.gradients
     assert set(w1) == set(w0)
     assert abs(m1.activations_peak - m0.activations_peak) <= 0.25 * m0.activations_peak
+    # a repeat's value no folded equation makes names its body value's producer, not an index
+    # into the unfolded program (fuzz seed 269: the memory model read a stale one and crashed)
+    prog = plans[1].program
+    for v in prog.values:
+        if v.producer is not None:
+            assert prog.alias(v.id) in {prog.alias(o) for o in prog.equations[v.producer].outputs}, v
 
 
 def test_loop_invariant_work_in_a_folded_loop_runs_once():

@@ -286,6 +286,18 @@ class _Rewriter:
             e = self.prog.equations[k]
             self.emit(e, list(e.inputs), list(e.outputs), None)
 
+    def _rehome_producers(self) -> None:
+        """A repeat's value that no emitted equation makes (it aliases its body value) kept its
+        producer index in the original program, which names another equation of the folded one
+        or none (the memory model read it and crashed, fuzz seed 269): it takes its
+        representative's producer, or none."""
+        made = {o: (e.index, k) for e in self.equations for k, o in enumerate(e.outputs)}
+        for vid, v in enumerate(self.values):
+            if v.producer is None or made.get(vid, (None,))[0] == v.producer:
+                continue
+            idx, k = made.get(self.root(vid), (None, 0))
+            self.values[vid] = replace(v, producer=idx, output_index=k)
+
     def program(self) -> Program:
         """The folded program, once every equation has been emitted."""
         prog, aliases = self.prog, self.aliases
@@ -295,6 +307,7 @@ class _Rewriter:
             folded = e.region is not None and self.scans[e.region].folded
             if not folded and any(isinstance(a, int) and a in aliases for a in e.inputs):
                 _unique_key(e)
+        self._rehome_producers()
         return Program(
             values=self.values, equations=self.equations, args=prog.args, consts=prog.consts,
             const_values=prog.const_values, outputs=prog.outputs, in_tree=prog.in_tree, out_tree=prog.out_tree,
