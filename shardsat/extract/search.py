@@ -212,8 +212,12 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
         pins = {**p.place_pins, **fam.pins}
         # greedy: where the integer program runs, it has searched the free plans already (and
         # its plans carry no extractor state to release)
-        pinned = best_plan(replace(p, place_pins=pins, seeds=[]), node_cost, deadline, "greedy",
-                           extractor=ex, bound=False)
+        try:
+            pinned = best_plan(replace(p, place_pins=pins, seeds=[]), node_cost, deadline, "greedy",
+                               extractor=ex, bound=False)
+        except NoPlanError:  # the family's pins leave an output no layout (fuzz seed 451)
+            last = ex.work[0] - start - used
+            continue
         freed = ex.release(pinned, p.roots, deadline, p.place_pins, p.ties) if pinned.state else pinned
         last = ex.work[0] - start - used
         for cand in (pinned, freed):
