@@ -209,7 +209,7 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
         used = ex.work[0] - start
         if time.perf_counter() >= deadline or (k and used + last > budget):
             break
-        pins = {**p.place_pins, **fam.pins}
+        pins = {**fam.pins, **p.place_pins}  # the problem's own pins win (fuzz seed 829)
         # greedy: where the integer program runs, it has searched the free plans already (and
         # its plans carry no extractor state to release)
         try:
