@@ -7,7 +7,6 @@ e-node; local ops' operand lists are resolved to their operand classes.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,32 +14,13 @@ from typing import Any
 import numpy as np
 from egglog import EGraph
 
+from .collectives import COLLECTIVES, NodeKind
 from .schema import At, Dist, DList, Val
-
-
-class NodeKind(enum.IntEnum):
-    PLACE = 0
-    LOCAL = 1
-    ALL_GATHER = 2
-    DYN_SLICE = 3
-    ALL_REDUCE = 4
-    REDUCE_SCATTER = 5
-    ALL_TO_ALL = 6
-    OTHER = 7
-
-    @property
-    def is_reshard(self) -> bool:
-        return NodeKind.ALL_GATHER <= self <= NodeKind.ALL_TO_ALL
-
 
 _KINDS = {
     Dist.place: NodeKind.PLACE,
     Dist.local: NodeKind.LOCAL,
-    Dist.all_gather: NodeKind.ALL_GATHER,
-    Dist.dyn_slice: NodeKind.DYN_SLICE,
-    Dist.all_reduce: NodeKind.ALL_REDUCE,
-    Dist.reduce_scatter: NodeKind.REDUCE_SCATTER,
-    Dist.all_to_all: NodeKind.ALL_TO_ALL,
+    **{k.constructor: k.node for k in COLLECTIVES.values()},
 }
 
 

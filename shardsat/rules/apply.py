@@ -14,6 +14,7 @@ from typing import Any
 from egglog import Ruleset
 from jax.sharding import PartitionSpec
 
+from ..egraph.collectives import COLLECTIVES, NodeKind, row_params
 from ..egraph.keys import equation_key, operand_types
 from ..egraph.layout import MeshAxes, Space, SpaceTable, spec_to_layout
 from ..egraph.program import Equation, Literal, Program
@@ -195,23 +196,13 @@ def load_tables(run: EGraphRun, tables: RuleTables) -> None:
     run.load(generic.StratT, strat)
     run.load(generic.StratInT, strat_in)
     run.load(generic.StratNT, strat_n)
-    from ..egraph.export import NodeKind
-
-    rows: dict[NodeKind, list[tuple[int, ...]]] = {k: [] for k in NodeKind}
+    rows: dict[NodeKind, list[tuple[int, ...]]] = {k: [] for k in COLLECTIVES}
     for sp, edges in tables.edges.items():
         for e in edges:
-            m = mesh.mask(e.axes)
-            if e.kind in (NodeKind.ALL_GATHER, NodeKind.DYN_SLICE, NodeKind.REDUCE_SCATTER):
-                rows[e.kind].append((sp, e.src, m, e.dim, e.dst))
-            elif e.kind == NodeKind.ALL_REDUCE:
-                rows[e.kind].append((sp, e.src, m, e.dst))
-            else:
-                rows[e.kind].append((sp, e.src, m, e.dim, e.dim2, e.dst))
-    run.load(generic.GatherT, rows[NodeKind.ALL_GATHER])
-    run.load(generic.SliceT, rows[NodeKind.DYN_SLICE])
-    run.load(generic.ReduceT, rows[NodeKind.ALL_REDUCE])
-    run.load(generic.ScatterT, rows[NodeKind.REDUCE_SCATTER])
-    run.load(generic.AllToAllT, rows[NodeKind.ALL_TO_ALL])
+            kind = COLLECTIVES[e.kind]
+            rows[e.kind].append((sp, e.src, *row_params(kind, mesh.mask(e.axes), e.dim, e.dim2), e.dst))
+    for k, kind in COLLECTIVES.items():
+        run.load(kind.table, rows[k])
 
 
 def grow(

@@ -2,9 +2,10 @@
 
 `local_rules`: for an equation `Val.op(key, args)` and each strategy row of `key`, the class
 `At(value, out_layout)` gains `Dist.local(key, s, At(args, in_layouts))`. `reshard_rules`: for each
-`At(v, l)` and each resharding row of v's space leaving l, `At(v, l2)` gains the collective. The
-rows come from signatures (strategies.py) and the mesh (reshard.py); these few rules are all the
-partitioning logic egglog runs.
+`At(v, l)` and each resharding row of v's space leaving l, `At(v, l2)` gains the collective (one
+rule per kind of `COLLECTIVES`, over that kind's table). The rows come from signatures
+(strategies.py) and the mesh (reshard.py); these few rules are all the partitioning logic egglog
+runs.
 """
 
 from __future__ import annotations
@@ -14,16 +15,12 @@ from typing import Any
 
 from egglog import String, eq, function, i64, i64Like, relation, rule, ruleset, union
 
+from ..egraph.collectives import COLLECTIVES
 from ..egraph.schema import At, AtList, Dist, LList, SpaceOf, Val, VList
 
 StratT = relation("StratT", String, i64, i64)  # (key, strategy, result layout)
 StratInT = relation("StratInT", String, i64, i64, i64)  # (key, strategy, operand position, layout)
 StratNT = relation("StratNT", String, i64)  # (key, operand count)
-GatherT = relation("GatherT", i64, i64, i64, i64, i64)  # (space, src, axes mask, dim, dst)
-SliceT = relation("SliceT", i64, i64, i64, i64, i64)  # (space, src, axes mask, dim, dst)
-ReduceT = relation("ReduceT", i64, i64, i64, i64)  # (space, src, axes mask, dst)
-ScatterT = relation("ScatterT", i64, i64, i64, i64, i64)  # (space, src, axes mask, dim, dst)
-AllToAllT = relation("AllToAllT", i64, i64, i64, i64, i64, i64)  # (space, src, mask, d1, d2, dst)
 
 
 @function(unextractable=True)
@@ -50,12 +47,9 @@ def _local(key: String, s: i64, lo: i64, n: i64, pos: i64, li: i64, v: Val, args
 def _reshard(d: Dist, v: Val, lay: i64, sp: i64, ax: i64, dim: i64, dim2: i64, dst: i64) -> Iterable[Any]:
     at = eq(d).to(At(v, lay))
     space = eq(sp).to(SpaceOf(v))
-    yield rule(at, space, GatherT(sp, lay, ax, dim, dst), name="all-gather").then(union(At(v, dst)).with_(Dist.all_gather(d, ax, dim)))
-    yield rule(at, space, SliceT(sp, lay, ax, dim, dst), name="dynamic-slice").then(union(At(v, dst)).with_(Dist.dyn_slice(d, ax, dim)))
-    yield rule(at, space, ReduceT(sp, lay, ax, dst), name="all-reduce").then(union(At(v, dst)).with_(Dist.all_reduce(d, ax)))
-    yield rule(at, space, ScatterT(sp, lay, ax, dim, dst), name="reduce-scatter").then(
-        union(At(v, dst)).with_(Dist.reduce_scatter(d, ax, dim))
-    )
-    yield rule(at, space, AllToAllT(sp, lay, ax, dim, dim2, dst), name="all-to-all").then(
-        union(At(v, dst)).with_(Dist.all_to_all(d, ax, dim, dim2))
-    )
+    params = {"axes": ax, "dim": dim, "dim2": dim2}
+    for kind in COLLECTIVES.values():
+        ps = [params[p] for p in kind.params]
+        yield rule(at, space, kind.table(sp, lay, *ps, dst), name=kind.name).then(
+            union(At(v, dst)).with_(kind.constructor(d, *ps))
+        )
