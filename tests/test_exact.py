@@ -67,7 +67,7 @@ Roots = Sequence[tuple[int, frozenset[int] | None]]
 
 
 def _is_reshard(kind: int) -> bool:
-    return NodeKind.ALL_GATHER <= kind <= NodeKind.ALL_TO_ALL
+    return NodeKind(kind).is_reshard
 
 
 class BruteForce:

@@ -5,12 +5,12 @@ Contractions, reductions and indexing ops read their operands and write their re
 fuses into their neighbours (elementwise, broadcasts, reshapes, transposes, converts, selects)
 are charged for writing their result only, since their operands stay in registers of the fused
 kernel. A collective costs alpha-beta time on the mesh axes it spans: the axes' latency plus the
-bytes each device moves over the slowest of those links (ring algorithms: all-gather and
-reduce-scatter move (n-1)/n of the full buffer, all-reduce twice that, all-to-all (n-1)/n of the
-shard). XLA combines collectives that are independent of the compute chain (those that only
-depend on inputs, like gathering weights, or only feed cheap ops, like reducing gradients for
-the update) into large groups: such a collective pays latency in proportion to its share of a
-combined group (`combine_threshold_bytes`), not once per tensor. A dynamic slice is a local copy.
+bytes each device moves over the slowest of those links (each kind's `moved` in
+`shardsat/egraph/collectives.py`, ring algorithms). XLA combines collectives that are independent
+of the compute chain (those that only depend on inputs, like gathering weights, or only feed cheap
+ops, like reducing gradients for the update) into large groups: such a collective pays latency in
+proportion to its share of a combined group (`combine_threshold_bytes`), not once per tensor. A
+kind that moves nothing (a dynamic slice) is a local copy.
 Costs are per node, so a shared node is paid once by DAG extraction.
 """
 
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..egraph.export import ExportedGraph, NodeKind
+from ..egraph.collectives import COLLECTIVES, RESHARD_CODES, NodeKind
+from ..egraph.export import ExportedGraph
 from ..egraph.layout import MeshAxes, SpaceTable
 from ..rules.apply import RuleTables
 from ..rules.registry import rule_for
@@ -86,18 +87,12 @@ class CostModel:
         sp = self.spaces.spaces[space_id]
         b_src = self.spaces.shard_bytes(sp, src)
         b_dst = self.spaces.shard_bytes(sp, dst)
-        if kind == NodeKind.DYN_SLICE:
+        moved_fn = COLLECTIVES[kind].moved
+        if moved_fn is None:  # a local copy
             return CollectiveCost(b_dst / self.profile.hbm_bytes_per_s, 0.0, b_dst)
         n = self.mesh.size(axes)
         frac = (n - 1) / n
-        if kind == NodeKind.ALL_GATHER:
-            moved = frac * b_dst
-        elif kind == NodeKind.ALL_REDUCE:
-            moved = 2 * frac * b_src
-        elif kind == NodeKind.REDUCE_SCATTER or kind == NodeKind.ALL_TO_ALL:
-            moved = frac * b_src
-        else:  # pragma: no cover
-            raise ValueError(kind)
+        moved = moved_fn(frac, b_src, b_dst)
         names = [self.mesh.names[a] for a in axes]
         bw = min(self.profile.link(a) for a in names)
         lat = max(self.profile.latency(a) for a in names)
@@ -122,7 +117,6 @@ class CostModel:
         # plain ints: comparing list items with an IntEnum, or building NodeKind(kind) per node,
         # was a quarter of this loop on a 900k-node e-graph
         place, local = int(NodeKind.PLACE), int(NodeKind.LOCAL)
-        first, last = int(NodeKind.ALL_GATHER), int(NodeKind.ALL_TO_ALL)
         kind_of = {int(k): k for k in NodeKind}
         seconds: dict[tuple[int, int, int, int, int, bool], float] = {}
         for n in range(g.num_nodes):
@@ -131,7 +125,7 @@ class CostModel:
                 continue
             if kind == local:
                 cost[n] = self.local_work(g.node_key[n], na[n])[0]  # type: ignore[arg-type]
-            elif first <= kind <= last:
+            elif kind in RESHARD_CODES:
                 c = node_class[n]
                 grp = class_group[c]
                 key = (kind, na[n], group_space[grp], class_layout[kids[ptr[n]]], class_layout[c], grp in combinable)

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..egraph.collectives import reshard_mask
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import SpaceTable
 from ..errors import NoPlanError
@@ -120,7 +121,7 @@ class Extractor:
         self.prod: list[list[int]] = [[] for _ in range(G)]
         self.kids: dict[int, tuple[int, ...]] = {}
         kind = np.asarray(g.node_kind)
-        usable = ~((kind >= NodeKind.ALL_GATHER) & (kind <= NodeKind.ALL_TO_ALL)) & np.isfinite(self.cost)
+        usable = ~reshard_mask(kind) & np.isfinite(self.cost)
         ptr = g.child_ptr.tolist()
         child = g.child_idx.tolist()
         node_group = g.class_group[g.node_class].tolist()

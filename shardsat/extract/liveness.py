@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..egraph.collectives import COLLECTIVES
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import SpaceTable
 from ..egraph.program import Equation, Literal, Program
@@ -434,7 +435,7 @@ class PlanLiveness:
         groups: dict[tuple[int, ...], list[tuple[Buf, object, int, int]]] = {}
         for b, s in self.step_to.items():
             src = tl.made_at.get(b[0])
-            if s.kind in (NodeKind.ALL_REDUCE, NodeKind.REDUCE_SCATTER) and b in self.born and src is not None:  # type: ignore[attr-defined]
+            if COLLECTIVES[s.kind].sums and b in self.born and src is not None:  # type: ignore[attr-defined]
                 bits = 0
                 for p in self.view_readers.get(b, ()):
                     bits |= 1 << p
@@ -450,7 +451,7 @@ class PlanLiveness:
             when = max(self.born.get((b[0], s.src), 0) for b, s, _, _ in sinks)  # type: ignore[attr-defined]
             for b, s, _, _ in sinks:
                 self.read(b[0], s.src, when, when, True)  # type: ignore[attr-defined]
-                if s.kind == NodeKind.REDUCE_SCATTER:  # type: ignore[attr-defined]
+                if COLLECTIVES[s.kind].cpu_via_all_reduce:  # type: ignore[attr-defined]
                     # the combined all-reduce writes every whole result at once; each reader
                     # slices its shard out of it (the slice fuses), so the whole buffer lives
                     # until the reduced value's last read
@@ -469,7 +470,7 @@ class PlanLiveness:
     def _fused_slice(self, k: Key, lid: int, whole: bool) -> bool:
         """A slice its reader fuses (it reads the source buffer itself)."""
         s = self.step_to.get((k, lid))
-        return s is not None and s.kind == NodeKind.DYN_SLICE and not whole  # type: ignore[attr-defined]
+        return s is not None and COLLECTIVES[s.kind].fuses and not whole  # type: ignore[attr-defined]
 
     def _stored(self, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
         """The static choice, plus: a value a collective reads is a buffer; so is a slice a
@@ -481,7 +482,7 @@ class PlanLiveness:
                 if whole and lid is not None:
                     self.view_whole.add((k, lid))
         for (k, _), s in self.step_to.items():
-            if s.src == self.produced.get(k) and (s.kind != NodeKind.DYN_SLICE or (k, s.dst) in self.view_whole):
+            if s.src == self.produced.get(k) and (not COLLECTIVES[s.kind].fuses or (k, s.dst) in self.view_whole):
                 self.stored[k] = True
 
     def read(self, k: Key, lid: int | None, lo: int, hi: int, whole: bool) -> None:
@@ -499,7 +500,7 @@ class PlanLiveness:
         s = self.step_to.get((k, lid))
         if s is None:
             return
-        if s.kind == NodeKind.DYN_SLICE and not whole:  # the slice fuses into its reader
+        if COLLECTIVES[s.kind].fuses and not whole:  # the slice fuses into its reader
             self.read(k, s.src, lo, hi, whole)
             return
         b = (k, lid)
@@ -577,9 +578,9 @@ class PlanLiveness:
             s = self.step_to[b]
             t = self.born[b]
             self.read(b[0], s.src, t, t, True)  # type: ignore[attr-defined]
-            if s.kind == NodeKind.REDUCE_SCATTER:  # type: ignore[attr-defined]
+            if COLLECTIVES[s.kind].cpu_via_all_reduce:  # type: ignore[attr-defined]
                 self.transient.append((t, t, self.tl.size(b[0], s.src)))  # type: ignore[attr-defined]
-            elif s.kind == NodeKind.ALL_GATHER and self._minor(b[0], s.dst, s.dim):  # type: ignore[attr-defined]
+            elif COLLECTIVES[s.kind].transposes_minor and self._minor(b[0], s.dst, s.dim):  # type: ignore[attr-defined]
                 # the raw gathered buffer now, the transposed copy (the view) a step later
                 self.transient.append((t, t, self.tl.size(*b)))
                 self.born[b] = min(t + 1, max(self.last.get(b, t), t))
