@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .checks import integer, real
+from .egraph.collectives import COLLECTIVES
 from .egraph.rewrite import Rewrite
 from .errors import InvalidArgumentError, ShardsatError
 from .runtime.plan import Plan
@@ -96,8 +97,9 @@ def normalize_collectives(counts: Counter[str]) -> Counter[str]:
     """Merge all-reduce and reduce-scatter into one "reduction" count: on CPU a reduce-scatter is
     an all-reduce whose result is sliced, and XLA fuses a plan's all-reduce with a later slice of
     the same value into exactly that form, so the two kinds cannot be told apart in HLO."""
-    out = Counter({k: v for k, v in counts.items() if k not in ("all-reduce", "reduce-scatter") and v})
-    red = counts.get("all-reduce", 0) + counts.get("reduce-scatter", 0)
+    sums = [kind.name for kind in COLLECTIVES.values() if kind.sums]
+    out = Counter({k: v for k, v in counts.items() if k not in sums and v})
+    red = sum(counts.get(k, 0) for k in sums)
     if red:
         out["reduction"] = red
     return out

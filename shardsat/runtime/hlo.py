@@ -10,8 +10,15 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from ..egraph.collectives import COLLECTIVES
+
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?(%?[\w.\-]+)\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)$")
-_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# HLO ops counted: each kind's `hlo_op` (shardsat/egraph/collectives.py), and collective-permute,
+# which no plan makes but XLA may emit
+_KINDS = (*(k.hlo_op for k in COLLECTIVES.values() if k.hlo_op), "collective-permute")
+_TUPLED = frozenset(k.hlo_op for k in COLLECTIVES.values() if k.hlo_tuple)  # combined into tuples
+# XLA:CPU's form: an all-reduce whose every use slices it counts as the kind it stands for
+_SLICED = dict(("all-reduce", k.hlo_op) for k in COLLECTIVES.values() if k.cpu_via_all_reduce and k.hlo_op)
 
 
 _COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
@@ -54,23 +61,27 @@ def count_collectives(hlo_text: str) -> Counter[str]:
             continue
         if base not in _KINDS:
             continue
-        if base in ("all-reduce", "all-gather", "reduce-scatter") and shapes[name].startswith("("):
+        if base in _TUPLED and shapes[name].startswith("("):
             # XLA's combiners merge collectives into one tuple-shaped op: count each element
             elems = [u for u in users.get(name, []) if ops.get(u) == "get-tuple-element"]
             if not elems:  # e.g. the ROOT: one element per operand
                 counts[base] += max(1, operand_count[name])
                 continue
             for u in elems:
-                if base == "all-reduce" and _feeds_slice(u, ops, users, calls, comp_ops):
-                    counts["reduce-scatter"] += 1
-                else:
-                    counts[base] += 1
+                counts[_counted_as(base, u, ops, users, calls, comp_ops)] += 1
             continue
-        if base == "all-reduce" and _feeds_slice(name, ops, users, calls, comp_ops):
-            counts["reduce-scatter"] += 1
-        else:
-            counts[base] += 1
+        counts[_counted_as(base, name, ops, users, calls, comp_ops)] += 1
     return counts
+
+
+def _counted_as(base: str, name: str, ops: dict[str, str], users: dict[str, list[str]], calls: dict[str, str],
+                comp_ops: dict[str, set[str]]) -> str:
+    """The kind an op of HLO kind `base` counts as: an all-reduce that only feeds slices is
+    XLA:CPU's form of a reduce-scatter."""
+    sliced = _SLICED.get(base)
+    if sliced is not None and _feeds_slice(name, ops, users, calls, comp_ops):
+        return sliced
+    return base
 
 
 def _feeds_slice(name: str, ops: dict[str, str], users: dict[str, list[str]], calls: dict[str, str],

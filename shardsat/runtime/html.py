@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..egraph.collectives import COLLECTIVES
 from ..egraph.layout import MeshAxes
 from .explain import fmt_bytes, fmt_s
 from .jsonout import TensorInfo, input_tensors, output_tensors
@@ -27,13 +28,7 @@ if TYPE_CHECKING:
 
 COMPUTE_COLOUR = "#4e79a7"
 COMM_COLOUR = "#e15759"
-KIND_COLOURS = {
-    "all-gather": "#f28e2b",
-    "all-reduce": "#e15759",
-    "reduce-scatter": "#76b7b2",
-    "all-to-all": "#b07aa1",
-    "dynamic-slice": "#9c755f",
-}
+KIND_COLOURS = {kind.name: kind.colour for kind in COLLECTIVES.values()}  # by Collective.kind
 MEMORY_COLOURS = ["#4e79a7", "#59a14f", "#edc948", "#b07aa1", "#f28e2b", "#76b7b2"]
 
 _COMPONENT = re.compile(r"\[(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\]]*)\]|\.[A-Za-z_]\w*")

@@ -11,7 +11,6 @@ split over the partial axes, one slot per device): XLA then has no choice to mak
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..egraph.export import NodeKind
+from ..egraph.collectives import COLLECTIVES, NodeKind
 from ..egraph.layout import Layout, MeshAxes
 from ..egraph.program import SCAN_PSEUDO, Literal, Program
 from ..rules.registry import rule_for
@@ -46,36 +45,10 @@ class Step:
     dim2: int
 
 
-def _axis_index(ax: tuple[int, ...], axes: MeshAxes) -> Any:
-    """Linear index of this device over `ax` (major first), inside shard_map."""
-    idx = 0
-    for a in ax:
-        idx = idx * axes.sizes[a] + jax.lax.axis_index(axes.names[a])
-    return idx
-
-
 def apply_collective(v: Any, step: Step, axes: MeshAxes, cpu: bool = False) -> Any:
-    """One resharding step on a local shard, inside shard_map: the plan's collective written out."""
-    ax = tuple(axes.names[a] for a in step.axes)
-    n = math.prod(axes.sizes[a] for a in step.axes)
-    if step.kind == NodeKind.ALL_REDUCE:
-        return jax.lax.psum(v, ax)
-    if step.kind == NodeKind.REDUCE_SCATTER and cpu:
-        # XLA:CPU has no native reduce-scatter on minor dimensions (it becomes an all-to-all
-        # and a local sum); the all-reduce + slice form is what it emits under jit too.
-        v = jax.lax.psum(v, ax)
-        size = v.shape[step.dim] // n
-        return jax.lax.dynamic_slice_in_dim(v, _axis_index(step.axes, axes) * size, size, step.dim)
-    if step.kind == NodeKind.REDUCE_SCATTER:
-        return jax.lax.psum_scatter(v, ax, scatter_dimension=step.dim, tiled=True)
-    if step.kind == NodeKind.ALL_GATHER:
-        return jax.lax.all_gather(v, ax, axis=step.dim, tiled=True)
-    if step.kind == NodeKind.ALL_TO_ALL:
-        return jax.lax.all_to_all(v, ax, split_axis=step.dim2, concat_axis=step.dim, tiled=True)
-    if step.kind == NodeKind.DYN_SLICE:
-        size = v.shape[step.dim] // n
-        return jax.lax.dynamic_slice_in_dim(v, _axis_index(step.axes, axes) * size, size, step.dim)
-    raise ValueError(step.kind)
+    """One resharding step on a local shard, inside shard_map: the plan's collective written out
+    (each kind's `lower` in `shardsat/egraph/collectives.py`)."""
+    return COLLECTIVES[step.kind].lower(v, step, axes, cpu)
 
 
 class Interpreter:

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from ..egraph.collectives import COLLECTIVES
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import Layout, MeshAxes, SpaceTable, auto_mesh
 from ..egraph.program import Literal, Program
@@ -28,13 +29,7 @@ from .hlo import count_collectives
 from .lower import EqnRun, Interpreter, Step
 from .record import Origin
 
-KIND_NAMES = {
-    NodeKind.ALL_GATHER: "all-gather",
-    NodeKind.ALL_REDUCE: "all-reduce",
-    NodeKind.REDUCE_SCATTER: "reduce-scatter",
-    NodeKind.ALL_TO_ALL: "all-to-all",
-    NodeKind.DYN_SLICE: "dynamic-slice",
-}
+KIND_NAMES = {k: kind.name for k, kind in COLLECTIVES.items()}  # display names, by NodeKind
 
 
 @dataclass(frozen=True)
@@ -521,7 +516,7 @@ class Plan:
                 for t in list(leads.get(s.dst, ())):
                     leads.setdefault(s.src, set()).add(t)
             for s in ch.steps:
-                if s.kind == NodeKind.DYN_SLICE:
+                if COLLECTIVES[s.kind].local:  # moves nothing: a local copy
                     compute += s.seconds * ch.weight
                     continue
                 comm += s.seconds * ch.weight
