@@ -53,7 +53,8 @@ class StepLike(Protocol):
 
 
 # (dst layout, axes, dim, dim2) of each edge from one layout; `free`: mesh axes it does not use
-Edges = Callable[[Layout, tuple[int, ...]], Iterator[tuple[Layout, tuple[int, ...], int, int]]]
+Edge = tuple[Layout, tuple[int, ...], int, int]
+Edges = Callable[[Layout, tuple[int, ...]], Iterator[Edge]]
 Lower = Callable[[Any, StepLike, MeshAxes, bool], Any]
 
 
@@ -116,14 +117,14 @@ def _local_slice(v: Any, step: StepLike, axes: MeshAxes) -> Any:
 
 
 # -- edges: the layouts one step of each kind away -------------------------------------------
-def _gather_edges(lay: Layout, free: tuple[int, ...]) -> Iterator[tuple[Layout, tuple[int, ...], int, int]]:
+def _gather_edges(lay: Layout, free: tuple[int, ...]) -> Iterator[Edge]:
     """Gather the minor k axes of a dimension."""
     for d, axes in enumerate(lay.dims):
         for k in range(1, len(axes) + 1):
             yield Layout(_with_dim(lay, d, axes[:-k]), lay.partial), axes[-k:], d, 0
 
 
-def _slice_edges(lay: Layout, free: tuple[int, ...]) -> Iterator[tuple[Layout, tuple[int, ...], int, int]]:
+def _slice_edges(lay: Layout, free: tuple[int, ...]) -> Iterator[Edge]:
     """Split a dimension further over one free axis (minor to its current axes)."""
     for d, axes in enumerate(lay.dims):
         for a in free:
@@ -131,7 +132,7 @@ def _slice_edges(lay: Layout, free: tuple[int, ...]) -> Iterator[tuple[Layout, t
                 yield Layout(_with_dim(lay, d, (*axes, a)), lay.partial), (a,), d, 0
 
 
-def _all_to_all_edges(lay: Layout, free: tuple[int, ...]) -> Iterator[tuple[Layout, tuple[int, ...], int, int]]:
+def _all_to_all_edges(lay: Layout, free: tuple[int, ...]) -> Iterator[Edge]:
     """Move a dimension's minor axis to another dimension (minor there too)."""
     for d, axes in enumerate(lay.dims):
         if not axes:
@@ -144,14 +145,14 @@ def _all_to_all_edges(lay: Layout, free: tuple[int, ...]) -> Iterator[tuple[Layo
                 yield Layout(tuple(dims), lay.partial), (a,), d, d2
 
 
-def _reduce_edges(lay: Layout, free: tuple[int, ...]) -> Iterator[tuple[Layout, tuple[int, ...], int, int]]:
+def _reduce_edges(lay: Layout, free: tuple[int, ...]) -> Iterator[Edge]:
     """Sum any non-empty subset of the pending partial-sum axes."""
     for sub in _subsets(lay.partial):
         rest = tuple(a for a in lay.partial if a not in sub)
         yield Layout(lay.dims, rest), sub, 0, 0
 
 
-def _scatter_edges(lay: Layout, free: tuple[int, ...]) -> Iterator[tuple[Layout, tuple[int, ...], int, int]]:
+def _scatter_edges(lay: Layout, free: tuple[int, ...]) -> Iterator[Edge]:
     """Sum a subset of the partial-sum axes, leaving a dimension split over them (minor)."""
     for sub in _subsets(lay.partial):
         rest = tuple(a for a in lay.partial if a not in sub)
