@@ -196,10 +196,10 @@ def check_rule(
     strategy the generic rule derives (factors sharded over mesh axes, pending sums carried), the
     primitive runs on shards inside `shard_map` (pending sums fed in as random parts that sum to
     the operand) and is compared with the unsharded result. Raises RuleCheckError with the
-    smallest failing example hypothesis finds.
+    first failing example (hypothesis draws the first mesh and sizes of each list first).
     """
     try:
-        from hypothesis import HealthCheck, given, settings
+        from hypothesis import HealthCheck, Phase, given, settings
         from hypothesis import strategies as hs
     except ImportError as e:  # pragma: no cover
         raise ShardsatError("check_rule needs hypothesis: pip install hypothesis") from e
@@ -222,8 +222,10 @@ def check_rule(
         raise ShardsatError(f"check_rule needs devices for one of the meshes {meshes}; jax has {jax.device_count()}.")
     factors = rule.factors
 
+    # no shrinking: hypothesis draws the first sizes of each list first, and shrinking a failure
+    # over a few sampled sizes re-ran dozens of shard programs (a wrong rule took 25 s to report)
     @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+              suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate))
     @given(hs.sampled_from(usable), hs.fixed_dictionaries({f: hs.sampled_from(sizes) for f in factors}))
     def run(mesh_shape: tuple[int, ...], fsizes: dict[str, int]) -> None:
         rng = np.random.default_rng(seed)
@@ -393,18 +395,18 @@ def _check_rewrite(rw: Rewrite, sizes: tuple[int, ...], max_examples: int, rtol:
     """lhs == rhs on random operands. Each distinct size in `example_args` is one independent
     dimension: hypothesis draws a new size for each and runs both sides on operands of the
     resulting shapes (shapes the lhs does not apply to are skipped)."""
-    from hypothesis import HealthCheck, assume, given, settings
+    from hypothesis import HealthCheck, Phase, assume, given, settings
     from hypothesis import strategies as hs
 
     examples = [jax.ShapeDtypeStruct(np.shape(a), getattr(a, "dtype", np.float32)) for a in rw.example_args]
     distinct = sorted({d for a in examples for d in a.shape})
 
     # each side runs as one compiled function, on numpy operands: eager ops and jax.random
-    # compile once per new shape each, and hypothesis (shrinking above all) draws many shapes
+    # compile once per new shape each; no shrinking (as in check_rule): it draws many shapes
     lhs, rhs = jax.jit(rw.lhs), jax.jit(rw.rhs)
 
     @settings(max_examples=max_examples, derandomize=True, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+              suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate))
     @given(hs.lists(hs.sampled_from(sizes), min_size=len(distinct), max_size=len(distinct)))
     def prop(drawn: list[int]) -> None:
         to = dict(zip(distinct, drawn, strict=True))

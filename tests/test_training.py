@@ -86,8 +86,8 @@ def test_state_layouts_are_tied(gpt_plans):
 
 
 def test_memory_limit_forces_sharding_or_errors(data8):
-    step, state, batch = abstract_state(GPTConfig(layers=1, d_model=256, heads=4, mlp=1024, vocab=2048,
-                                                  seq=64, batch=8, embed="onehot"))
+    step, state, batch = abstract_state(GPTConfig(layers=1, d_model=128, heads=4, mlp=512, vocab=1024,
+                                                  seq=32, batch=8, embed="onehot"))
     rep = jax.tree_util.tree_map(lambda _: P(), state)
     dp = shardsat.saturate_and_extract(step, data8, state, batch, profile="h100", state_argnums=(0,),
                                        in_shardings=(rep, None))
@@ -106,8 +106,8 @@ def test_device_memory_is_the_default_limit(data8):
     """By default a plan fits the profile's device memory: a model that does not fit replicated
     is sharded without being asked. Where nothing fits, the default gives the smallest plan and
     a warning (an explicit limit raises); memory_limit=None plans for time alone."""
-    step, state, batch = abstract_state(GPTConfig(layers=1, d_model=256, heads=4, mlp=1024, vocab=2048,
-                                                  seq=64, batch=8, embed="onehot"))
+    step, state, batch = abstract_state(GPTConfig(layers=1, d_model=128, heads=4, mlp=512, vocab=1024,
+                                                  seq=32, batch=8, embed="onehot"))
     rep = jax.tree_util.tree_map(lambda _: P(), state)
     dp = shardsat.saturate_and_extract(step, data8, state, batch, profile="h100", state_argnums=(0,),
                                        in_shardings=(rep, None))
