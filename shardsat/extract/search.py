@@ -47,12 +47,13 @@ SHALLOW_WEIGHT = 8
 # bytes cost this many times its seconds (see _pressure_restarts)
 PRESSURE = 2.0
 # the standard layout families' completions (_family_starts): all of them on e-graphs up to
-# FAMILY_ALL_NODES (a fraction of a second each), else as many as fit in FAMILY_SHARE of the
-# work (Extractor.work) the search did before them. Measured on the experts benchmark: 0.5
-# keeps its planning time within 1.5x (148 -> 220 s in all) and finds the 2x2x2 GPT step's
-# plan 0.76x the cost, the 4x2 Soft-MoE's 0.96x, the conv net's 0.975x
-FAMILY_SHARE = 0.5
+# FAMILY_ALL_NODES (a fraction of a second each), else as many pressure-restart completions as
+# fit in FAMILY_SHARE of the work (Extractor.work) the search did before them (after the first
+# family, completed in full), the cheapest FAMILY_RELEASED of them then released. A 3-layer GPT
+# step on 2x4 tries 3 families instead of 1 (pressure-restart completions take ~0.27 searches)
+FAMILY_SHARE = 0.6
 FAMILY_ALL_NODES = 5_000
+FAMILY_RELEASED = 2  # on bigger e-graphs, the cheapest completions released
 # the split bound (extract/bound.py) costs ~1 s per 100k e-nodes: beyond this, the per-value one alone
 SPLIT_BOUND_NODES = 150_000
 
@@ -199,27 +200,23 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
     layout lies inside the free search space, yet the local search from the free starts can
     settle in a worse basin (a GPT step on 2x4: 2,746 us free, 1,994 us pinned replicated); from
     a family's completion it reaches plans no free start does (a 2x2x2 MLP step 232 -> 214 us
-    from FSDP + TP). Families are tried in their order of promise while the search's work
-    (Extractor.work) stays within `budget` moves: a count, so that the plan does not depend on
-    the machine's speed."""
-    start = ex.work[0]
+    from FSDP + TP). Small e-graphs complete and release every family in full (`budget` is
+    infinite); bigger ones the first in full and the others by the cheaper completions of
+    _pressed_families within `budget` moves (Extractor.work: a count, so that the plan does not
+    depend on the machine's speed), releasing the cheapest FAMILY_RELEASED."""
+    if budget == float("inf"):
+        done = [(fam, _pinned(p, ex, node_cost, fam, deadline)) for fam in families]
+        release = [(fam, plan) for fam, plan in done if plan is not None]
+    else:  # the first (replicated) in full: pressure alone shards what a small program keeps whole
+        first = _pinned(p, ex, node_cost, families[0], deadline) if families else None
+        done = [(families[0], first)] if first is not None else []
+        done += _pressed_families(p, ex, node_cost, best, families[1:], deadline, budget)
+        release = sorted(done, key=lambda d: d[1].total_s)[:FAMILY_RELEASED]
     origin = None
-    last = 0  # the work of the last family: the next starts only if as much still fits
-    for k, fam in enumerate(families):
-        used = ex.work[0] - start
-        if time.perf_counter() >= deadline or (k and used + last > budget):
-            break
-        pins = {**fam.pins, **p.place_pins}  # the problem's own pins win (fuzz seed 829)
-        # greedy: where the integer program runs, it has searched the free plans already (and
-        # its plans carry no extractor state to release)
-        try:
-            pinned = best_plan(replace(p, place_pins=pins, seeds=[]), node_cost, deadline, "greedy",
-                               extractor=ex, bound=False)
-        except NoPlanError:  # the family's pins leave an output no layout (fuzz seed 451)
-            last = ex.work[0] - start - used
+    for fam, pinned in release:
+        if pinned is None:
             continue
         freed = ex.release(pinned, p.roots, deadline, p.place_pins, p.ties) if pinned.state else pinned
-        last = ex.work[0] - start - used
         for cand in (pinned, freed):
             if cand.total_s < best.total_s - EPS:
                 best, origin = cand, fam.name
@@ -227,6 +224,48 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
         best.notes.append(f"started from the {origin} layout family")
         best.gap = best.exact_status = None  # they were of another plan
     return best
+
+
+def _pinned(p: Problem, ex: Extractor, node_cost: np.ndarray, fam: Family, deadline: float) -> Extraction | None:
+    """The family's completion as a pinned plan's search would make it; None where its pins
+    leave an output no layout (fuzz seed 451). The problem's own pins win (fuzz seed 829);
+    greedy: where the integer program runs, it has searched the free plans already (and its
+    plans carry no extractor state to release)."""
+    pins = {**fam.pins, **p.place_pins}
+    try:
+        return best_plan(replace(p, place_pins=pins, seeds=[]), node_cost, deadline, "greedy", extractor=ex,
+                         bound=False)
+    except NoPlanError:
+        return None
+
+
+def _pressed_families(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction,
+                      families: list[Family], deadline: float, budget: float) -> list[tuple[Family, Extraction]]:
+    """The families in their order of promise, each completed by the pressure restart alone
+    (the step of a pinned plan's search that makes its plan: a 3-layer GPT step on 2x4, every
+    family within 0.7% of its full completion, in 10k moves instead of 36k), while the work
+    stays within `budget` moves."""
+    weights = node_bytes(p, per_run=True)
+    held = sum(float(weights[ch.node]) for ch in best.choices.values())
+    if held <= 0 or not best.total_s > 0:
+        return []
+    pressed = ex.with_costs(node_cost + PRESSURE * best.total_s / held * weights, p.weight)
+    polish = len(p.spaces.mesh.active) >= 3  # as in _local_search's restarts
+    out: list[tuple[Family, Extraction]] = []
+    start, last = ex.work[0], 0  # the next family starts only if as much as the last still fits
+    for k, fam in enumerate(families):
+        used = ex.work[0] - start
+        if time.perf_counter() >= deadline or (k and used + last > budget):
+            break
+        pins = {**fam.pins, **p.place_pins}
+        try:
+            first = pressed.run(p.roots, deadline=deadline, place_pins=pins, ties=p.ties, explain=False, chains=False)
+        except NoPlanError:
+            last = ex.work[0] - start - used
+            continue
+        out.append((fam, ex.resume(first, p.roots, deadline=deadline, explain=False, chains=polish)))
+        last = ex.work[0] - start - used
+    return out
 
 
 def _pressure_restarts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction,
