@@ -49,11 +49,11 @@ PRESSURE = 2.0
 # the standard layout families' completions (_family_starts): all of them on e-graphs up to
 # FAMILY_ALL_NODES (a fraction of a second each), else as many pressure-restart completions as
 # fit in FAMILY_SHARE of the work (Extractor.work) the search did before them (after the first
-# family, completed in full), the cheapest FAMILY_RELEASED of them then released. A 3-layer GPT
+# family, completed and released in full), the cheapest FAMILY_RELEASED of them released. A 3-layer GPT
 # step on 2x4 tries 3 families instead of 1 (pressure-restart completions take ~0.27 searches)
 FAMILY_SHARE = 0.6
 FAMILY_ALL_NODES = 5_000
-FAMILY_RELEASED = 2  # on bigger e-graphs, the cheapest completions released
+FAMILY_RELEASED = 1  # on bigger e-graphs, the cheapest pressure completions released
 # the split bound (extract/bound.py) costs ~1 s per 100k e-nodes: beyond this, the per-value one alone
 SPLIT_BOUND_NODES = 150_000
 
@@ -204,26 +204,36 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
     infinite); bigger ones the first in full and the others by the cheaper completions of
     _pressed_families within `budget` moves (Extractor.work: a count, so that the plan does not
     depend on the machine's speed), releasing the cheapest FAMILY_RELEASED."""
-    if budget == float("inf"):
-        done = [(fam, _pinned(p, ex, node_cost, fam, deadline)) for fam in families]
-        release = [(fam, plan) for fam, plan in done if plan is not None]
-    else:  # the first (replicated) in full: pressure alone shards what a small program keeps whole
-        first = _pinned(p, ex, node_cost, families[0], deadline) if families else None
-        done = [(families[0], first)] if first is not None else []
-        done += _pressed_families(p, ex, node_cost, best, families[1:], deadline, budget)
-        release = sorted(done, key=lambda d: d[1].total_s)[:FAMILY_RELEASED]
+    if not families:
+        return best
     origin = None
-    for fam, pinned in release:
-        if pinned is None:
-            continue
-        freed = ex.release(pinned, p.roots, deadline, p.place_pins, p.ties) if pinned.state else pinned
-        for cand in (pinned, freed):
-            if cand.total_s < best.total_s - EPS:
-                best, origin = cand, fam.name
+    # the first (replicated) in full and released whatever its pinned cost: replicated pins cost
+    # most and released do best (conv nets, the 4x2 Soft-MoE step); pressure alone would shard
+    # what a small program keeps whole
+    for fam in families if budget == float("inf") else families[:1]:
+        if time.perf_counter() >= deadline:
+            break
+        best, origin = _release(p, ex, best, origin, fam, _pinned(p, ex, node_cost, fam, deadline), deadline)
+    if budget != float("inf"):
+        done = _pressed_families(p, ex, node_cost, best, families[1:], deadline, budget)
+        for fam, pinned in sorted(done, key=lambda d: d[1].total_s)[:FAMILY_RELEASED]:
+            best, origin = _release(p, ex, best, origin, fam, pinned, deadline)
     if origin is not None:
         best.notes.append(f"started from the {origin} layout family")
         best.gap = best.exact_status = None  # they were of another plan
     return best
+
+
+def _release(p: Problem, ex: Extractor, best: Extraction, origin: str | None, fam: Family,
+             pinned: Extraction | None, deadline: float) -> tuple[Extraction, str | None]:
+    """The cheaper of `best` and the family's completion, pinned or released."""
+    if pinned is None:
+        return best, origin
+    freed = ex.release(pinned, p.roots, deadline, p.place_pins, p.ties) if pinned.state else pinned
+    for cand in (pinned, freed):
+        if cand.total_s < best.total_s - EPS:
+            best, origin = cand, fam.name
+    return best, origin
 
 
 def _pinned(p: Problem, ex: Extractor, node_cost: np.ndarray, fam: Family, deadline: float) -> Extraction | None:
