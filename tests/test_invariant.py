@@ -72,7 +72,7 @@ def assert_no_family_beats_free(step, args, mesh, state):
     return free
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(layers=st.integers(1, 2), d=st.sampled_from([16, 32, 48]), h=st.sampled_from([64, 96, 256]),
        batch=st.sampled_from([8, 24, 64]), opt=st.sampled_from(["adam", "momentum"]),
        mesh=st.sampled_from(sorted(MESHES)), state=st.booleans())
