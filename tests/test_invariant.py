@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from helpers import assert_equivalent
-from hypothesis import given, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 import shardsat
@@ -93,7 +93,11 @@ def test_free_gnn_step_beats_every_pinned_family():
     assert_equivalent(free, step, *real)
 
 
-@settings(max_examples=2, deadline=None, derandomize=True)
+# one example in CI (15 plans, ~35 s; the suite neared CI's limit): the one that caught a
+# replicated family completed by pressure alone (free 4.39 us, pinned replicated 2.72). Drop
+# `phases` to run generated ones; benchmarks/invariant.py sweeps bigger configurations
+@example(d=32, heads=2, ratio=2, vocab=64, mesh="2x4", state=True)
+@settings(max_examples=2, deadline=None, derandomize=True, phases=(Phase.explicit,))
 @given(d=st.sampled_from([32, 64]), heads=st.sampled_from([2, 4]), ratio=st.sampled_from([2, 4]),
        vocab=st.sampled_from([64, 256]), mesh=st.sampled_from(["2x4", "4x2"]), state=st.booleans())
 def test_free_transformer_step_beats_every_pinned_family(d, heads, ratio, vocab, mesh, state):
