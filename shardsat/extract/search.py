@@ -241,10 +241,9 @@ def _pinned(p: Problem, ex: Extractor, node_cost: np.ndarray, fam: Family, deadl
     leave an output no layout (fuzz seed 451). The problem's own pins win (fuzz seed 829);
     greedy: where the integer program runs, it has searched the free plans already (and its
     plans carry no extractor state to release)."""
-    pins = {**fam.pins, **p.place_pins}
     try:
-        return best_plan(replace(p, place_pins=pins, seeds=[]), node_cost, deadline, "greedy", extractor=ex,
-                         bound=False)
+        return best_plan(replace(p, place_pins=_family_pins(p, fam), seeds=[]), node_cost, deadline, "greedy",
+                         extractor=ex, bound=False)
     except NoPlanError:
         return None
 
@@ -255,11 +254,9 @@ def _pressed_families(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Ex
     (the step of a pinned plan's search that makes its plan: a 3-layer GPT step on 2x4, every
     family within 0.7% of its full completion, in 10k moves instead of 36k), while the work
     stays within `budget` moves."""
-    weights = node_bytes(p, per_run=True)
-    held = sum(float(weights[ch.node]) for ch in best.choices.values())
-    if held <= 0 or not best.total_s > 0:
+    pressed = _pressed(p, ex, node_cost, best)
+    if pressed is None:
         return []
-    pressed = ex.with_costs(node_cost + PRESSURE * best.total_s / held * weights, p.weight)
     polish = len(p.spaces.mesh.active) >= 3  # as in _local_search's restarts
     out: list[tuple[Family, Extraction]] = []
     start, last = ex.work[0], 0  # the next family starts only if as much as the last still fits
@@ -267,9 +264,9 @@ def _pressed_families(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Ex
         used = ex.work[0] - start
         if time.perf_counter() >= deadline or (k and used + last > budget):
             break
-        pins = {**fam.pins, **p.place_pins}
         try:
-            first = pressed.run(p.roots, deadline=deadline, place_pins=pins, ties=p.ties, explain=False, chains=False)
+            first = pressed.run(p.roots, deadline=deadline, place_pins=_family_pins(p, fam), ties=p.ties,
+                                explain=False, chains=False)
         except NoPlanError:
             last = ex.work[0] - start - used
             continue
@@ -292,11 +289,9 @@ def _pressure_restarts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: E
     spent = 0.0
     if not starts:
         return best, spent
-    weights = node_bytes(p, per_run=True)
-    held = sum(float(weights[ch.node]) for ch in best.choices.values())
-    if held <= 0 or not best.total_s > 0:
+    pressed = _pressed(p, ex, node_cost, best)
+    if pressed is None:
         return best, spent
-    pressed = ex.with_costs(node_cost + PRESSURE * best.total_s / held * weights, p.weight)
     for seed in starts:
         if time.perf_counter() >= deadline:
             break
@@ -307,6 +302,22 @@ def _pressure_restarts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: E
         if done.total_s < best.total_s - EPS:
             best = done
     return best, spent
+
+
+def _family_pins(p: Problem, fam: Family) -> dict[int, frozenset[int]]:
+    """The family's argument pins under the problem's own: a user's pin wins (fuzz seed 829)."""
+    return {**fam.pins, **p.place_pins}
+
+
+def _pressed(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction) -> Extractor | None:
+    """An extractor pricing every byte `best` holds per device (arguments, intermediates per run
+    of a loop body) at PRESSURE times its step time per byte; None where `best` holds nothing or
+    costs nothing, so there is no scale to price by."""
+    weights = node_bytes(p, per_run=True)
+    held = sum(float(weights[ch.node]) for ch in best.choices.values())
+    if held <= 0 or not best.total_s > 0:
+        return None
+    return ex.with_costs(node_cost + PRESSURE * best.total_s / held * weights, p.weight)
 
 
 def bound_gap(ex: Extraction, lower_bound: float) -> None:
