@@ -26,6 +26,7 @@ from .errors import FallbackWarning, InvalidArgumentError, InvalidMeshError, Mem
 from .extract.cost import CostModel
 from .extract.families import families
 from .extract.memory import MemoryEstimate, MemoryModel
+from .extract.plancost import cost_plan
 from .extract.profile import DeviceProfile, get_profile
 from .extract.result import Extraction
 from .extract.search import (
@@ -242,10 +243,12 @@ def _plan(req: _Request, prepared: Prepared, start: float, shown: Progress) -> P
         extraction, memory = _extract(req, method, problem, node_cost, full_roots, memory_of, bound, deadline, sat)
         t2 = time.perf_counter()
         report = _report(prepared, sat, graph, tables, extraction, skipped, t2 - t1, deadline)
+        costed = cost_plan(program, graph, spaces, tables, extraction, model=model, arg_pins=arg_pins,
+                           ties=tie_pairs, memory=memory)
         return Plan(fn=req.fn, program=program, mesh=req.mesh, spaces=spaces, tables=tables, graph=graph,
-                    extraction=extraction, profile=prof, report=report, model=model, arg_pins=arg_pins,
+                    costed=costed, profile=prof, report=report, arg_pins=arg_pins,
                     ties=tie_pairs, state_argnums=_argnums_of(program, [a for a, _ in tie_pairs]),
-                    memory=memory, origin=Origin(prepared.fingerprint, prepared.folded, prepared.rewrites))
+                    origin=Origin(prepared.fingerprint, prepared.folded, prepared.rewrites))
 
     plan = plan_within(limit)
     if limit is not None:

@@ -32,6 +32,7 @@ from .egraph.layout import MeshAxes, SpaceTable
 from .egraph.rewrite import Rewrite
 from .errors import InvalidArgumentError, InvalidMeshError, SavedPlanMismatch, ShardsatError
 from .extract.cost import CostModel
+from .extract.plancost import cost_plan
 from .extract.profile import DeviceProfile
 from .limits import Limits
 from .prepare import Prepared, prepare
@@ -87,8 +88,10 @@ def plan_from_data(data: dict[str, Any], fn: Callable[..., Any], mesh: Mesh, exa
     profile = DeviceProfile.from_dict(rec["profile"], source=f"the profile in {source}")
     got = restore(rec, program, spaces, tables)
     report = report_from(rec["report"], Report)
+    costed = cost_plan(program, got.graph, spaces, tables, got.extraction, model=CostModel(profile, spaces, tables),
+                       arg_pins=got.arg_pins, ties=got.ties)
     plan = Plan(fn=fn, program=program, mesh=mesh, spaces=spaces, tables=tables, graph=got.graph,
-                extraction=got.extraction, profile=profile, report=report, model=CostModel(profile, spaces, tables),
+                costed=costed, profile=profile, report=report,
                 arg_pins=got.arg_pins, ties=got.ties, state_argnums=got.state_argnums,
                 origin=Origin(prepared.fingerprint, prepared.folded, prepared.rewrites,
                               data["fingerprint"].get("options")))

@@ -242,7 +242,7 @@ def test_sharding_constraints_inside_the_function_are_pins():
     w, x = jnp.ones((64, 64)), jnp.ones((32, 64))
     plan = shardsat.saturate_and_extract(f, mesh, w, x)
     run = next(r for r in plan.runs if plan.program.equations[r.eqn].name == "sharding_constraint")
-    assert plan._layouts[run.outputs[0][1]].spec(plan.axes) == P("data", "model")
+    assert plan.layouts[run.outputs[0][1]].spec(plan.axes) == P("data", "model")
     assert_equivalent(plan, f, w, x)
 
     def g(w, x):

@@ -98,7 +98,7 @@ def cp_operand_specs(plan):
         eqn = plan.program.equations[r.eqn]
         if eqn.name == "custom_partitioning":
             ranks = [plan.program.values[a].shape for a in eqn.inputs]
-            out.append(tuple(_norm(plan._layouts[lid].spec(plan.axes), len(s))
+            out.append(tuple(_norm(plan.layouts[lid].spec(plan.axes), len(s))
                              for lid, s in zip(r.operand_layouts, ranks, strict=True)))
     return out
 

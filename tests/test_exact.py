@@ -52,6 +52,7 @@ from shardsat.egraph.export import ExportedGraph, NodeKind
 from shardsat.extract.bound import split_bound
 from shardsat.extract.exact import solve_exact
 from shardsat.extract.greedy import Extractor
+from shardsat.extract.plancost import cost_plan
 from shardsat.extract.result import Extraction
 from shardsat.extract.search import Problem
 from shardsat.rules.reshard import ReshardEdge
@@ -634,8 +635,10 @@ def renumbered(ex: Extraction, node_ids: np.ndarray) -> Extraction:
 def with_extraction(plan: Plan, ex: Extraction) -> Plan:
     """The same planning problem lowered with another extraction (the ILP's own plan)."""
     assert len(ex.root_layouts) == len(plan.program.outputs)  # no literal outputs, no scans
+    costed = cost_plan(plan.program, plan.graph, plan.spaces, plan.tables, ex, model=plan.model,
+                       arg_pins=plan.arg_pins, ties=plan.ties)
     return Plan(fn=plan.fn, program=plan.program, mesh=plan.mesh, spaces=plan.spaces, tables=plan.tables,
-                graph=plan.graph, extraction=ex, profile=plan.profile, report=plan.report, model=plan.model,
+                graph=plan.graph, costed=costed, profile=plan.profile, report=plan.report,
                 arg_pins=plan.arg_pins, ties=plan.ties, state_argnums=list(plan.state_argnums))
 
 

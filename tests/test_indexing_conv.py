@@ -100,7 +100,7 @@ def runs_of(plan, name):
     out = []
     for r in plan.runs:
         if plan.program.equations[r.eqn].name == name:
-            out.append(([plan._layouts[lid] for lid in r.operand_layouts], [plan._layouts[lid] for _, lid in r.outputs]))
+            out.append(([plan.layouts[lid] for lid in r.operand_layouts], [plan.layouts[lid] for _, lid in r.outputs]))
     return out
 
 

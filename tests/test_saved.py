@@ -69,7 +69,7 @@ def control_flow_args() -> tuple[Any, Any]:
 
 def pins_of(plan: shardsat.Plan) -> dict[int, set[str]]:
     """Argument pins as PartitionSpecs (layout ids are a plan's own numbering)."""
-    return {pos: {plan._layouts[lid].describe(plan.axes) for lid in lids} for pos, lids in plan.arg_pins.items()}
+    return {pos: {plan.layouts[lid].describe(plan.axes) for lid in lids} for pos, lids in plan.arg_pins.items()}
 
 
 def assert_same_plan(loaded: shardsat.Plan, plan: shardsat.Plan, path: Path) -> None:

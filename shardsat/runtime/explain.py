@@ -63,7 +63,7 @@ def explain(plan: Plan) -> str:
         alt = alts.get(grp) if grp is not None else None
         if alt is None:
             return ""
-        return f"{plan._layouts[alt[0]].describe(axes)} {'+' if alt[1] >= 0 else ''}{fmt_s(alt[1])}"
+        return f"{plan.layouts[alt[0]].describe(axes)} {'+' if alt[1] >= 0 else ''}{fmt_s(alt[1])}"
 
     rows = []
     for pos, vid in enumerate(prog.args):
@@ -78,14 +78,14 @@ def explain(plan: Plan) -> str:
         if isinstance(o, Literal):
             rows.append([prog.out_paths[k], f"literal {o.value!r}", "P()"])
         else:
-            rows.append([prog.out_paths[k], shape(o), plan._layouts[lid].describe(axes) if lid is not None else "?"])
+            rows.append([prog.out_paths[k], shape(o), plan.layouts[lid].describe(axes) if lid is not None else "?"])
     lines += _table(["output", "type", "layout"], rows)
     lines += ["", "Intermediates (computed layout; operand layouts)"]
     rows = []
     for r in plan.runs[:MAX_INTERMEDIATES]:
         eqn = prog.equations[r.eqn]
-        outs = ", ".join(plan._layouts[lid].describe(axes) for _, lid in r.outputs)
-        ins = ", ".join(plan._layouts[lid].describe(axes) for lid in r.operand_layouts)
+        outs = ", ".join(plan.layouts[lid].describe(axes) for _, lid in r.outputs)
+        ins = ", ".join(plan.layouts[lid].describe(axes) for lid in r.operand_layouts)
         rows.append([eqn.name, eqn.source, ",".join(shape(eqn.outputs[k]) for k, _ in r.outputs) or "(effect)",
                      outs or "-", ins, why(eqn.outputs[r.outputs[0][0]]) if r.outputs else ""])
     lines += _table(["op", "source", "type", "result", "operands", "next best (extra time)"], rows)

@@ -93,7 +93,7 @@ def output_tensors(plan: Plan) -> list[TensorInfo]:
             out.append(TensorInfo(path, (), type(o.value).__name__, None, 0, literal=repr(o.value)))
             continue
         v = prog.values[o]
-        lay = None if lid is None else plan._layouts[lid]
+        lay = None if lid is None else plan.layouts[lid]
         b = v.nbytes if lid is None else plan.spaces.shard_bytes(plan.spaces.space(v.shape, v.dtype), lid)
         out.append(TensorInfo(path, tuple(v.shape), str(v.dtype), lay, int(b)))
     return out

@@ -12,40 +12,21 @@ split over the partial axes, one slot per device): XLA then has no choice to mak
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..egraph.collectives import COLLECTIVES, NodeKind
+from ..egraph.collectives import COLLECTIVES, StepLike
 from ..egraph.layout import Layout, MeshAxes
 from ..egraph.program import SCAN_PSEUDO, Literal, Program
+from ..extract.assignment import EqnRun
+from ..extract.result import ReshardStep
 from ..rules.registry import rule_for
 from .local import check_local, local_params
 
 
-@dataclass(frozen=True)
-class EqnRun:
-    """One bind of an equation with one strategy: operand layouts and the outputs it yields."""
-
-    eqn: int
-    operand_layouts: tuple[int, ...]  # per non-literal operand
-    outputs: tuple[tuple[int, int], ...]  # (output index, produced layout)
-
-
-@dataclass(frozen=True)
-class Step:
-    """One collective of a resharding tree: (kind, axes, dim, dim2) from layout src."""
-
-    src: int
-    kind: NodeKind
-    axes: tuple[int, ...]
-    dim: int
-    dim2: int
-
-
-def apply_collective(v: Any, step: Step, axes: MeshAxes, cpu: bool = False) -> Any:
+def apply_collective(v: Any, step: StepLike, axes: MeshAxes, cpu: bool = False) -> Any:
     """One resharding step on a local shard, inside shard_map: the plan's collective written out
     (each kind's `lower` in `shardsat/egraph/collectives.py`)."""
     return COLLECTIVES[step.kind].lower(v, step, axes, cpu)
@@ -59,7 +40,7 @@ class Interpreter:
     it (hoisted) and closed over, so no view is traced inside a loop or branch and leaks out."""
 
     def __init__(self, program: Program, runs: list[EqnRun], produced: dict[int, int],
-                 parent: dict[tuple[int, int], Step], layouts: list[Layout], axes: MeshAxes, mesh: Mesh,
+                 parent: dict[tuple[int, int], ReshardStep], layouts: list[Layout], axes: MeshAxes, mesh: Mesh,
                  root_layouts: list[int | None], canon: dict[int, int],
                  carry_layouts: dict[int, int] | None = None) -> None:
         self.program = program
@@ -126,7 +107,7 @@ class Interpreter:
     def restack(self, x: Any, lid: int) -> Any:
         return x[None] if self.layouts[lid].partial else x
 
-    def collective(self, x: Any, step: Step, src: int, dst: int) -> Any:
+    def collective(self, x: Any, step: ReshardStep, src: int, dst: int) -> Any:
         """A collective on a pending sum (or between stacked layouts), inside shard_map."""
 
         def body(v: Any) -> Any:

@@ -71,7 +71,7 @@ class _Layouts:
 def decisions(plan: Plan) -> dict[str, Any]:
     """The plan's choices (no timings): what every process of a multi-host job must agree on,
     and the part of a saved plan its fingerprint covers."""
-    lay = _Layouts(plan._layouts, plan.axes)
+    lay = _Layouts(plan.layouts, plan.axes)
     out = _decisions(plan, lay)
     out["layouts"] = lay.table()
     return out
@@ -107,7 +107,7 @@ def record(plan: Plan) -> tuple[dict[str, Any], str]:
     plan's cost without re-pricing), the "next best" alternatives explain() shows, the
     extraction's summary and the search report; and the decisions' digest."""
     ex = plan.extraction
-    lay = _Layouts(plan._layouts, plan.axes)
+    lay = _Layouts(plan.layouts, plan.axes)
     rec = _decisions(plan, lay)
     plan_digest = digest({**rec, "layouts": lay.table()})
     rec["seconds"] = [[ex.choices[grp].node_seconds, [[s.seconds, s.moved_bytes, s.buffer_bytes]

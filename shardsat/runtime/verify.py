@@ -17,7 +17,7 @@ from jax.sharding import Mesh, PartitionSpec
 from ..egraph.layout import Layout, MeshAxes, auto_mesh
 from ..rules.reshard import ReshardEdge
 from .local import local_params
-from .lower import Step, apply_collective
+from .lower import apply_collective
 
 
 @dataclass(frozen=True)
@@ -103,11 +103,10 @@ def check_collective(edge: ReshardEdge, x: np.ndarray, layouts: Sequence[Layout]
     """Relative error of one resharding step as the runtime lowers it: the value must not change."""
     mesh = auto_mesh(mesh)
     src, dst = layouts[edge.src], layouts[edge.dst]
-    step = Step(edge.src, edge.kind, edge.axes, edge.dim, edge.dim2)
     cpu = mesh.devices.flat[0].platform == "cpu"
 
     def body(v: Any) -> Any:
-        v = apply_collective(v[0] if src.partial else v, step, axes, cpu)
+        v = apply_collective(v[0] if src.partial else v, edge, axes, cpu)
         return v[None] if dst.partial else v
 
     stacked = split_partial(x, src, axes, rng)
