@@ -27,17 +27,10 @@ from .extract.cost import CostModel
 from .extract.families import families
 from .extract.memory import MemoryEstimate, MemoryModel
 from .extract.plancost import cost_plan
+from .extract.policy import METHODS, SearchPolicy, exact_method, runs_exact
 from .extract.profile import DeviceProfile, get_profile
 from .extract.result import Extraction
-from .extract.search import (
-    EXACT_AUTO_NODES,
-    EXACT_MAX_NODES,
-    SEED_CHAIN_NODES,
-    MemoryNotMetError,
-    Problem,
-    best_plan,
-    fit_memory,
-)
+from .extract.search import MemoryNotMetError, Problem, best_plan, fit_memory
 from .extract.seeds import seeds
 from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
@@ -80,6 +73,17 @@ class _Request:
                          fallback=self.fallback, rules=self.rules, in_shardings=self.in_shardings,
                          out_shardings=self.out_shardings, state_argnums=self.state_argnums,
                          memory_limit=self.memory_limit, extraction=self.extraction, fold_loops=self.fold_loops)
+
+
+def _check_entry(mesh: Any, multihost: str) -> None:
+    if not isinstance(mesh, Mesh):
+        raise InvalidMeshError(
+            f"saturate_and_extract needs a jax.sharding.Mesh, got {type(mesh).__name__}. "
+            "Consider jax.make_mesh((2, 4), ('data', 'model'))."
+        )
+    bad = multihost_problem(multihost)
+    if bad:
+        raise InvalidArgumentError(f"saturate_and_extract: {bad}")
 
 
 def saturate_and_extract(
@@ -145,14 +149,7 @@ def saturate_and_extract(
       plans in process 0 only and the others load its plan. Every process must call this.
     """
     with _collector_paused():
-        if not isinstance(mesh, Mesh):
-            raise InvalidMeshError(
-                f"saturate_and_extract needs a jax.sharding.Mesh, got {type(mesh).__name__}. "
-                "Consider jax.make_mesh((2, 4), ('data', 'model'))."
-            )
-        bad = multihost_problem(multihost)
-        if bad:
-            raise InvalidArgumentError(f"saturate_and_extract: {bad}")
+        _check_entry(mesh, multihost)
         plan_here = functools.partial(
             _plan_checked, fn, mesh, example_args, cache_dir, strict, profile=profile, limits=limits,
             fallback=fallback, rules=rules, in_shardings=in_shardings, out_shardings=out_shardings,
@@ -226,9 +223,11 @@ def _plan(req: _Request, prepared: Prepared, start: float, shown: Progress) -> P
     tie_pairs = resolve_ties(program, req.state_argnums, program.name)
     graph, tables, sat, value_space, skipped = _saturate(req, program, spaces, deadline, shown)
     t1 = time.perf_counter()
+    policy = SearchPolicy.derive("greedy" if skipped else req.extraction, graph.size, len(spaces.mesh.active),
+                                 limits.exact_seconds)
     model = CostModel(prof, spaces, tables)
     problem, node_cost, full_roots = _problem(program, graph, spaces, tables, model, value_space, arg_pins,
-                                              out_pins, tie_pairs)
+                                              out_pins, tie_pairs, policy)
 
     # one model per planned program: its liveness structure is built once for every plan priced
     memory_model = MemoryModel(program, graph, spaces, ties=tuple(tie_pairs), pins=arg_pins, tables=tables)
@@ -237,10 +236,9 @@ def _plan(req: _Request, prepared: Prepared, start: float, shown: Progress) -> P
         return memory_model.estimate(full_roots(ex))
 
     shown.update("extracting", f"{graph.num_classes:,} e-classes, {graph.size:,} e-nodes")
-    method = "greedy" if skipped else req.extraction
 
     def plan_within(bound: int | None) -> Plan:
-        extraction, memory = _extract(req, method, problem, node_cost, full_roots, memory_of, bound, deadline, sat)
+        extraction, memory = _extract(req, policy, problem, node_cost, full_roots, memory_of, bound, deadline, sat)
         t2 = time.perf_counter()
         report = _report(prepared, sat, graph, tables, extraction, skipped, t2 - t1, deadline)
         costed = cost_plan(program, graph, spaces, tables, extraction, model=model, arg_pins=arg_pins,
@@ -326,11 +324,9 @@ def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: flo
         tables, sat = grow(run, fallback=req.fallback, limits=req.limits, deadline=deadline, extra=rulesets,
                            on_iteration=lambda it, nodes: shown.update("saturating", f"iteration {it}, {nodes:,} e-nodes"))
         # the integer program needs the resharding e-nodes; the greedy search does not
-        if method == "exact" and sat.nodes > EXACT_MAX_NODES:  # hopeless for the integer program
-            method, skipped = "greedy", (f"not run: {sat.nodes:,} e-nodes (it runs on up to "
-                                         f"{EXACT_MAX_NODES:,}; its relaxation is weak beyond a few thousand)")
+        method, skipped = exact_method(method, sat.nodes)
         graph = export(run.egraph, reshard=method == "exact")
-        if method == "auto" and graph.size <= EXACT_AUTO_NODES:
+        if graph.unbuilt_nodes and runs_exact(method, graph.size):  # "auto" on a small e-graph
             graph = export(run.egraph)
         for a in program.aliases:  # folded loop members take their representative's value group
             graph.value_group[a] = graph.value_group[program.alias(a)]
@@ -343,7 +339,8 @@ def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: flo
 
 def _problem(program: Program, graph: ExportedGraph, spaces: SpaceTable, tables: RuleTables, model: CostModel,
              value_space: list[int], arg_pins: dict[int, frozenset[int]], out_pins: dict[int, frozenset[int]],
-             tie_pairs: list[tuple[int, int]]) -> tuple[Problem, np.ndarray, Callable[[Extraction], Extraction]]:
+             tie_pairs: list[tuple[int, int]],
+             policy: SearchPolicy) -> tuple[Problem, np.ndarray, Callable[[Extraction], Extraction]]:
     """What extraction solves: the priced e-graph, its roots, pins, ties and starting points;
     and the function that completes an extraction's root layouts to one per program output."""
     combinable = combinable_groups(program, graph)
@@ -358,8 +355,7 @@ def _problem(program: Program, graph: ExportedGraph, spaces: SpaceTable, tables:
         weight=weight,
         # the search is local: training steps also start from data-parallel and ZeRO-3 state,
         # and where it pays from FSDP + TP (see extract/seeds.py)
-        seeds=seeds(program, graph, spaces, tie_pairs, arg_pins,
-                    hybrids=graph.size <= SEED_CHAIN_NODES or len(spaces.mesh.active) >= 3),
+        seeds=seeds(program, graph, spaces, tie_pairs, arg_pins, hybrids=policy.seed_hybrids),
         families=families(program, graph, spaces, tie_pairs, arg_pins),
     )
 
@@ -390,20 +386,19 @@ def _weights(program: Program, graph: ExportedGraph) -> np.ndarray:
     return weight
 
 
-def _extract(req: _Request, method: str, problem: Problem, node_cost: np.ndarray, full_roots: Callable[[Extraction], Extraction],
+def _extract(req: _Request, policy: SearchPolicy, problem: Problem, node_cost: np.ndarray, full_roots: Callable[[Extraction], Extraction],
              memory_of: Callable[[Extraction], MemoryEstimate], limit: int | None, deadline: float,
              sat: SaturationReport) -> tuple[Extraction, MemoryEstimate | None]:
     """The best plan found by `method`, within the memory limit where there is one."""
     limits = req.limits
     try:
-        if method not in ("auto", "greedy", "exact"):
-            raise InvalidArgumentError(f"extraction must be 'auto', 'greedy' or 'exact', got {method!r}.")
-        extraction = full_roots(best_plan(problem, node_cost, deadline, method, exact_seconds=limits.exact_seconds,
-                                          families=problem.families))
+        if policy.method not in METHODS:
+            raise InvalidArgumentError(f"extraction must be 'auto', 'greedy' or 'exact', got {policy.method!r}.")
+        extraction = full_roots(best_plan(problem, node_cost, deadline, policy))
         memory = None
         if limit is not None:
             try:
-                extraction, memory = fit_memory(problem, extraction, limit, memory_of, deadline)
+                extraction, memory = fit_memory(problem, extraction, limit, memory_of, deadline, policy)
             except MemoryNotMetError as e:
                 if req.memory_limit != "device":
                     raise

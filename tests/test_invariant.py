@@ -3,7 +3,7 @@ than the free plan (shardsat's own cost model). A pinned plan lies inside the fr
 a free plan costlier than one means the local search settled in a worse basin.
 
 A fixed-seed slice runs here, over small programs (every family is then tried by the search:
-extract/search.py FAMILY_ALL_NODES); benchmarks/invariant.py runs the sweep over transformer
+extract/policy.py FAMILY_ALL_NODES); benchmarks/invariant.py runs the sweep over transformer
 steps."""
 
 import dataclasses
@@ -18,7 +18,7 @@ from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 import shardsat
-from shardsat.extract import search
+from shardsat.extract import policy, search
 from shardsat.testing import standard_layouts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -120,7 +120,7 @@ def test_family_budget_is_counted_in_work_not_seconds():
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     a, b = (shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, state_argnums=(0,))
             for _ in range(2))
-    assert a.report.e_nodes > search.FAMILY_ALL_NODES
+    assert a.report.e_nodes > policy.FAMILY_ALL_NODES
     assert a.cost.total_s == b.cost.total_s
     assert a.in_shardings == b.in_shardings
 

@@ -212,11 +212,9 @@ def test_scan_over_an_input_its_body_never_reads(mesh):
 def test_exact_extraction_is_skipped_on_huge_e_graphs(monkeypatch, mesh):
     """Beyond EXACT_MAX_NODES the integer program is not built (a 900k-node 2x2x2 step spent
     minutes building and solving it, past the 60 s of the fuzz campaign); the report says so."""
-    from shardsat.extract import search
+    from shardsat.extract import policy
 
-    monkeypatch.setattr(search, "EXACT_MAX_NODES", 100)
-    import shardsat.api as api
-    monkeypatch.setattr(api, "EXACT_MAX_NODES", 100)
+    monkeypatch.setattr(policy, "EXACT_MAX_NODES", 100)
     f = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
     args = (jnp.ones((16, 32)), jnp.ones((32, 64)) * 0.1)
     plan = strict_plan(f, mesh, *args, extraction="exact")

@@ -63,6 +63,11 @@ class ExportedGraph:
     def children(self, n: int) -> np.ndarray:
         return self.child_idx[self.child_ptr[n] : self.child_ptr[n + 1]]
 
+    def group_spaces(self, value_space: list[int]) -> list[int]:
+        """Per value group: the layout space of its values (-1: a group of no program value);
+        `value_space`: per program value, as saturation assigned them."""
+        return [value_space[vs[0]] if vs else -1 for vs in self.group_values]
+
 
 
 def _egg_name(egraph: EGraph, fn: Any) -> str:

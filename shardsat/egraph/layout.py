@@ -93,6 +93,15 @@ class Layout:
             entries.pop()
         return PartitionSpec(*entries)
 
+    def physical_spec(self, mesh: MeshAxes) -> PartitionSpec:
+        """The spec of the array that carries this layout inside shard_map: a pending sum is
+        stacked on a leading dimension split over its partial axes (one slot per device)."""
+        base = self.spec(mesh)
+        if not self.partial:
+            return base
+        entries = list(base) + [None] * (self.rank - len(base))
+        return PartitionSpec(tuple(mesh.names[a] for a in self.partial), *entries)
+
     def describe(self, mesh: MeshAxes) -> str:
         s = str(self.spec(mesh)).replace("PartitionSpec", "P")
         if self.partial:

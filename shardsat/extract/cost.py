@@ -105,7 +105,7 @@ class CostModel:
     def node_costs(self, g: ExportedGraph, value_space: list[int], combinable: frozenset[int] = frozenset()) -> np.ndarray:
         """Seconds per e-node. `combinable`: value groups whose collectives XLA can combine."""
         cost = np.zeros(g.num_nodes)
-        group_space = [value_space[vs[0]] if vs else -1 for vs in g.group_values]
+        group_space = g.group_spaces(value_space)
         kinds = g.node_kind.tolist()
         node_class = g.node_class.tolist()
         class_group = g.class_group.tolist()

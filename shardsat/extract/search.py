@@ -22,21 +22,10 @@ from .exact import solve_exact
 from .families import Family
 from .greedy import EPS, Extractor
 from .memory import MemoryEstimate
+from .policy import SearchPolicy
 from .result import Extraction
 
 ACTIVATION_WEIGHT = 0.25
-# "auto" runs the exact integer program on e-graphs up to this many e-nodes, for this long: the
-# whole-graph ILP stops paying beyond a block or two (its relaxation is weak under sharing).
-EXACT_AUTO_NODES = 1000
-EXACT_AUTO_SECONDS = 2.0
-EXACT_SECONDS = 10.0  # extraction="exact" (shardsat.Limits.exact_seconds)
-# ... on e-graphs up to this many e-nodes: beyond, building the program alone takes tens of
-# seconds and HiGHS does not return within minutes (a 900k-node 2x2x2 training step)
-EXACT_MAX_NODES = 200_000
-# up to this many e-nodes every start gets chain moves (before them a start's cost says little:
-# a 4-layer llama step on 2x4, 132k e-nodes, ends at 351 us this way and at 507 us when only the
-# best start is polished; a 2-layer GPT step, 123k, takes ~9 s instead of ~5 for the same plan)
-SEED_CHAIN_NODES = 150_000
 POLISHED = 2
 # a runner-up start is polished if it is within this factor of the best start: a scanned GPT's
 # runner-up, 0.6% behind, ends 8% ahead; the 11% and 24% behind ones measured never came first
@@ -46,18 +35,6 @@ SHALLOW_WEIGHT = 8
 # restarts under memory pressure: every byte a plan holds is priced so that the best plan's
 # bytes cost this many times its seconds (see _pressure_restarts)
 PRESSURE = 2.0
-# the standard layout families' completions (_family_starts): all of them on e-graphs up to
-# FAMILY_ALL_NODES (a fraction of a second each), else as many pressure-restart completions as
-# fit in FAMILY_SHARE of the work (Extractor.work) the search did before them (after the first
-# family, completed and released in full), the cheapest FAMILY_RELEASED of them released. A 3-layer GPT
-# step on 2x4 tries 3 families instead of 1 (pressure-restart completions take ~0.27 searches)
-FAMILY_SHARE = 0.6
-FAMILY_ALL_NODES = 5_000
-FAMILY_RELEASED = 1  # on bigger e-graphs, the cheapest pressure completions released
-# the split bound (extract/bound.py) costs ~1 s per 100k e-nodes: beyond this, the per-value one alone
-SPLIT_BOUND_NODES = 150_000
-
-
 @dataclass
 class Problem:
     graph: ExportedGraph
@@ -87,42 +64,39 @@ def _reprice(ex: Extraction, cost: np.ndarray) -> Extraction:
     return ex
 
 
-def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, method: str = "auto",
-              restarts: bool = True, exact_seconds: float = EXACT_SECONDS,
-              families: list[Family] | None = None, extractor: Extractor | None = None,
-              bound: bool = True) -> Extraction:
+def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, policy: SearchPolicy,
+              extractor: Extractor | None = None) -> Extraction:
     """The cheapest plan over the starting points (the estimate, or for deep loops the plan of
-    their shallow copy, then each seed), and the same starts again under memory pressure
-    (`restarts`: all of them where every start gets chain moves, else the best one); then the
-    exact integer program where it is small enough to pay ("auto") or always ("exact"); then,
-    unless that proved the plan optimal, the standard layout `families` completed as a pinned
-    plan would be, and released, within a budget (see _family_starts). `extractor`: reuse one
-    built for the same graph and costs; `bound`: compute the plan's lower bound and gap."""
+    their shallow copy, then each seed), and the same starts again under memory pressure; then the
+    exact integer program where the policy runs it; then, unless that proved the plan optimal,
+    the standard layout families (p.families) completed as a pinned plan would be, and released,
+    within the policy's budget (see _family_starts). `extractor`: reuse one built for the same
+    graph and costs."""
     if not p.roots:  # nothing to compute: no array results, no effects
-        return Extraction(choices={}, root_layouts=[], total_s=0.0, method=method, seconds=0.0, gap=0.0)
+        return Extraction(choices={}, root_layouts=[], total_s=0.0, method=policy.method, seconds=0.0, gap=0.0)
     t0 = time.perf_counter()
     ex = extractor or Extractor(p.graph, node_cost, p.value_space, p.spaces, p.edges, p.model,
                                 describe=p.describe, combinable=p.combinable, weight=p.weight)
     work = ex.work[0]
-    best = _local_search(p, ex, node_cost, deadline, restarts)
-    if p.roots and (method == "exact" or (method == "auto" and p.graph.size <= EXACT_AUTO_NODES)):
-        best = _exact(p, node_cost, best, deadline, method, exact_seconds)
-    if families and best.exact_status != "optimal":
-        every = p.graph.size <= FAMILY_ALL_NODES
-        best = _family_starts(p, ex, node_cost, best, families, deadline,
-                              budget=float("inf") if every else FAMILY_SHARE * (ex.work[0] - work))
+    best = _local_search(p, ex, node_cost, deadline, policy)
+    if policy.exact:
+        best = _exact(p, node_cost, best, deadline, policy.exact_seconds)
+    if policy.families and p.families and best.exact_status != "optimal":
+        budget = float("inf") if policy.family_share is None else policy.family_share * (ex.work[0] - work)
+        best = _family_starts(p, ex, node_cost, best, policy, deadline, budget)
     best.explainer = ex.explain
     ex.forget_search()
-    if best.gap is None and bound:
-        split = split_bound(ex, p.roots) if p.graph.size <= SPLIT_BOUND_NODES else 0.0
+    if best.gap is None and policy.bound:
+        split = split_bound(ex, p.roots) if policy.split_bound else 0.0
         bound_gap(best, max(ex.lower_bound(p.roots), split))
     best.seconds = time.perf_counter() - t0
     return best
 
 
-def _local_search(p: Problem, ex: Extractor, node_cost: np.ndarray, deadline: float, restarts: bool) -> Extraction:
+def _local_search(p: Problem, ex: Extractor, node_cost: np.ndarray, deadline: float,
+                  policy: SearchPolicy) -> Extraction:
     """The starts (estimate or deep-loop start, seeds), polished, then restarted under pressure."""
-    small = p.graph.size <= SEED_CHAIN_NODES
+    small = policy.chain_every_start
     # every starting point gets single-value and space moves; on big graphs chain moves (the
     # expensive part) then continue the most promising POLISHED of them
     deep = bool(p.weight.max() >= DEEP_WEIGHT)  # the deep-loop start replaces the estimate
@@ -147,15 +121,14 @@ def _local_search(p: Problem, ex: Extractor, node_cost: np.ndarray, deadline: fl
             runs[i] = ex.resume(runs[i], p.roots, deadline=deadline, explain=False)
     first_best = min(range(len(runs)), key=lambda i: runs[i].total_s)
     best = runs[first_best]
-    if restarts:
+    if policy.restarts:
         # every start where each gets chain moves; on bigger graphs only the best one's, polished
         # with chain moves on 3-axis meshes only (2x2x2 llama step 504 -> 331 us, GPT 514 -> 438,
         # ~+7 s); on 2-axis ones without (a 4-layer GPT step d512 on 4x2 976 -> 630 us, its folded
         # 24-layer step 5456 -> 4080; the folded 24-layer d1024 step of benchmarks/scaling.py
         # gains nothing, in ~0.5 s)
         again = starts if small else [starts[first_best]]
-        best, _ = _pressure_restarts(p, ex, node_cost, best, again, deadline,
-                                     polish=small or len(p.spaces.mesh.active) >= 3)
+        best, _ = _pressure_restarts(p, ex, node_cost, best, again, deadline, polish=policy.polish_restarts)
     return best
 
 
@@ -171,16 +144,15 @@ def _deep_start(p: Problem, ex: Extractor, node_cost: np.ndarray, deadline: floa
     return ex.resume(first, p.roots, deadline=deadline, explain=False, chains=small)
 
 
-def _exact(p: Problem, node_cost: np.ndarray, best: Extraction, deadline: float, method: str,
-           exact_seconds: float) -> Extraction:
+def _exact(p: Problem, node_cost: np.ndarray, best: Extraction, deadline: float, seconds: float) -> Extraction:
     """The integer program, seeking plans cheaper than `best` (no roots: the empty plan is exact,
     and HiGHS takes no problem of zero variables)."""
     if p.graph.unbuilt_nodes:
         raise ValueError("the exact extractor needs the resharding e-nodes: export(reshard=True)")
-    limit = min(exact_seconds if method == "exact" else EXACT_AUTO_SECONDS, deadline - time.perf_counter())
+    limit = min(seconds, deadline - time.perf_counter())
     if limit <= 0.1:
         return best
-    group_space = [p.value_space[vs[0]] if vs else -1 for vs in p.graph.group_values]
+    group_space = p.graph.group_spaces(p.value_space)
     partial = {i for i, lay in enumerate(p.spaces.layouts.layouts) if lay.partial}
     res = solve_exact(p.graph, node_cost, group_space, p.model, p.combinable, p.roots, p.place_pins,
                       p.ties, partial, limit, weight=p.weight, incumbent=best.total_s)
@@ -193,7 +165,7 @@ def _exact(p: Problem, node_cost: np.ndarray, best: Extraction, deadline: float,
     return best
 
 
-def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction, families: list[Family],
+def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction, policy: SearchPolicy,
                    deadline: float, budget: float) -> Extraction:
     """Each standard family (extract/families.py) planned as a user's pinned plan would be (the
     same search with its arguments pinned), then released: moved freely from there. A pinned
@@ -203,20 +175,18 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
     from FSDP + TP). Small e-graphs complete and release every family in full (`budget` is
     infinite); bigger ones the first in full and the others by the cheaper completions of
     _pressed_families within `budget` moves (Extractor.work: a count, so that the plan does not
-    depend on the machine's speed), releasing the cheapest FAMILY_RELEASED."""
-    if not families:
-        return best
-    origin = None
+    depend on the machine's speed), releasing the policy's cheapest few."""
+    families, origin = p.families, None
     # the first (replicated) in full and released whatever its pinned cost: replicated pins cost
     # most and released do best (conv nets, the 4x2 Soft-MoE step); pressure alone would shard
     # what a small program keeps whole
     for fam in families if budget == float("inf") else families[:1]:
         if time.perf_counter() >= deadline:
             break
-        best, origin = _release(p, ex, best, origin, fam, _pinned(p, ex, node_cost, fam, deadline), deadline)
+        best, origin = _release(p, ex, best, origin, fam, _pinned(p, ex, node_cost, fam, policy, deadline), deadline)
     if budget != float("inf"):
-        done = _pressed_families(p, ex, node_cost, best, families[1:], deadline, budget)
-        for fam, pinned in sorted(done, key=lambda d: d[1].total_s)[:FAMILY_RELEASED]:
+        done = _pressed_families(p, ex, node_cost, best, families[1:], deadline, budget, policy.family_polish)
+        for fam, pinned in sorted(done, key=lambda d: d[1].total_s)[:policy.family_released]:
             best, origin = _release(p, ex, best, origin, fam, pinned, deadline)
     if origin is not None:
         best.notes.append(f"started from the {origin} layout family")
@@ -236,20 +206,21 @@ def _release(p: Problem, ex: Extractor, best: Extraction, origin: str | None, fa
     return best, origin
 
 
-def _pinned(p: Problem, ex: Extractor, node_cost: np.ndarray, fam: Family, deadline: float) -> Extraction | None:
+def _pinned(p: Problem, ex: Extractor, node_cost: np.ndarray, fam: Family, policy: SearchPolicy,
+            deadline: float) -> Extraction | None:
     """The family's completion as a pinned plan's search would make it; None where its pins
     leave an output no layout (fuzz seed 451). The problem's own pins win (fuzz seed 829);
     greedy: where the integer program runs, it has searched the free plans already (and its
     plans carry no extractor state to release)."""
     try:
-        return best_plan(replace(p, place_pins=_family_pins(p, fam), seeds=[]), node_cost, deadline, "greedy",
-                         extractor=ex, bound=False)
+        return best_plan(replace(p, place_pins=_family_pins(p, fam), seeds=[]), node_cost, deadline,
+                         policy.greedy(bound=False), extractor=ex)
     except NoPlanError:
         return None
 
 
-def _pressed_families(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction,
-                      families: list[Family], deadline: float, budget: float) -> list[tuple[Family, Extraction]]:
+def _pressed_families(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction, families: list[Family],
+                      deadline: float, budget: float, polish: bool) -> list[tuple[Family, Extraction]]:
     """The families in their order of promise, each completed by the pressure restart alone
     (the step of a pinned plan's search that makes its plan: a 3-layer GPT step on 2x4, every
     family within 0.7% of its full completion, in 10k moves instead of 36k), while the work
@@ -257,7 +228,6 @@ def _pressed_families(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Ex
     pressed = _pressed(p, ex, node_cost, best)
     if pressed is None:
         return []
-    polish = len(p.spaces.mesh.active) >= 3  # as in _local_search's restarts
     out: list[tuple[Family, Extraction]] = []
     start, last = ex.work[0], 0  # the next family starts only if as much as the last still fits
     for k, fam in enumerate(families):
@@ -333,7 +303,7 @@ def node_bytes(p: Problem, per_run: bool = False) -> np.ndarray:
     `per_run` once per run."""
     g = p.graph
     out = np.zeros(g.num_nodes)
-    group_space = [p.value_space[vs[0]] if vs else -1 for vs in g.group_values]
+    group_space = g.group_spaces(p.value_space)
     memo: dict[tuple[int, int], int] = {}
 
     def shard(sp_id: int, lay: int) -> int:
@@ -372,6 +342,7 @@ def fit_memory(
     limit: int,
     estimate: Callable[[Extraction], MemoryEstimate],
     deadline: float,
+    policy: SearchPolicy,
     steps: int = 14,
 ) -> tuple[Extraction, MemoryEstimate]:
     """The cheapest plan found whose memory estimate is within `limit` bytes per device."""
@@ -379,6 +350,7 @@ def fit_memory(
     if mem.total <= limit:
         return first, mem
     weights = node_bytes(p)
+    pressed = policy.greedy(restarts=False)
     lam = first.total_s / max(mem.total, 1)
     smallest = (mem.total, mem)
     smallest_plan = first
@@ -387,7 +359,7 @@ def fit_memory(
     for _ in range(steps):
         if time.perf_counter() >= deadline:
             break
-        ex = _reprice(best_plan(p, p.node_cost + lam * weights, deadline, "greedy", restarts=False), p.node_cost)
+        ex = _reprice(best_plan(p, p.node_cost + lam * weights, deadline, pressed), p.node_cost)
         m = estimate(ex)
         if m.total < smallest[0]:
             smallest, smallest_plan = (m.total, m), ex
@@ -409,7 +381,7 @@ def fit_memory(
         if time.perf_counter() >= deadline or hi <= low * 1.01:
             break
         mid = (low * hi) ** 0.5 if low > 0 else hi / 4
-        cand = _reprice(best_plan(p, p.node_cost + mid * weights, deadline, "greedy", restarts=False), p.node_cost)
+        cand = _reprice(best_plan(p, p.node_cost + mid * weights, deadline, pressed), p.node_cost)
         cm = estimate(cand)
         if cm.total <= limit:
             hi = mid

@@ -84,12 +84,7 @@ class Interpreter:
     # -- layouts ---------------------------------------------------------------------------------
     def spec(self, lid: int) -> PartitionSpec:
         """The physical spec: pending sums are stacked on a leading dimension."""
-        lay = self.layouts[lid]
-        base = lay.spec(self.axes)
-        if not lay.partial:
-            return base
-        entries = list(base) + [None] * (lay.rank - len(base))
-        return PartitionSpec(tuple(self.axes.names[a] for a in lay.partial), *entries)
+        return self.layouts[lid].physical_spec(self.axes)
 
     def local_shape(self, shape: tuple[int, ...], lid: int) -> tuple[int, ...]:
         return self.layouts[lid].shard_shape(shape, self.axes)

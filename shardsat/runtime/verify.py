@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh
 
 from ..egraph.layout import Layout, MeshAxes, auto_mesh
 from ..rules.reshard import ReshardEdge
@@ -24,14 +24,6 @@ from .lower import apply_collective
 class Mismatch:
     error: float
     detail: str
-
-
-def physical_spec(lay: Layout, axes: MeshAxes) -> PartitionSpec:
-    base = lay.spec(axes)
-    if not lay.partial:
-        return base
-    entries = list(base) + [None] * (lay.rank - len(base))
-    return PartitionSpec(tuple(axes.names[a] for a in lay.partial), *entries)
 
 
 def split_partial(x: np.ndarray, lay: Layout, axes: MeshAxes, rng: np.random.Generator) -> np.ndarray:
@@ -83,8 +75,8 @@ def check_local(
         rs = list(r) if multi else [r]
         return tuple(x[None] if lay.partial else x for x, lay in zip(rs, out_layouts, strict=True))
 
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(physical_spec(lay, axes) for lay in in_layouts),
-                              out_specs=tuple(physical_spec(lay, axes) for lay in out_layouts), check_vma=False))
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(lay.physical_spec(axes) for lay in in_layouts),
+                              out_specs=tuple(lay.physical_spec(axes) for lay in out_layouts), check_vma=False))
     got = f(*[jnp.asarray(x) for x in ins])
     worst = 0.0
     for k, (gk, wk, lay) in enumerate(zip(got, wants, out_layouts, strict=True)):
@@ -110,8 +102,8 @@ def check_collective(edge: ReshardEdge, x: np.ndarray, layouts: Sequence[Layout]
         return v[None] if dst.partial else v
 
     stacked = split_partial(x, src, axes, rng)
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=physical_spec(src, axes),
-                              out_specs=physical_spec(dst, axes), check_vma=False))
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=src.physical_spec(axes),
+                              out_specs=dst.physical_spec(axes), check_vma=False))
     got = np.asarray(f(jnp.asarray(stacked)))
     if dst.partial:
         got = got.sum(0)

@@ -1,0 +1,91 @@
+"""What the search does on one e-graph, decided once: which starting points get chain moves,
+whether pressure restarts run and are polished, whether the exact integer program runs and for
+how long, how much work the layout families get, which lower bound is computed. api.py derives
+it from the e-graph's size, the mesh and the user's options and passes it down; the search
+(extract/search.py) reads it and decides nothing by size itself. The thresholds live here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+# "auto" runs the exact integer program on e-graphs up to this many e-nodes, for this long: the
+# whole-graph ILP stops paying beyond a block or two (its relaxation is weak under sharing).
+EXACT_AUTO_NODES = 1000
+EXACT_AUTO_SECONDS = 2.0
+EXACT_SECONDS = 10.0  # extraction="exact" (shardsat.Limits.exact_seconds)
+# ... on e-graphs up to this many e-nodes: beyond, building the program alone takes tens of
+# seconds and HiGHS does not return within minutes (a 900k-node 2x2x2 training step)
+EXACT_MAX_NODES = 200_000
+# up to this many e-nodes every start gets chain moves (before them a start's cost says little:
+# a 4-layer llama step on 2x4, 132k e-nodes, ends at 351 us this way and at 507 us when only the
+# best start is polished; a 2-layer GPT step, 123k, takes ~9 s instead of ~5 for the same plan)
+SEED_CHAIN_NODES = 150_000
+# the standard layout families' completions (search._family_starts): all of them on e-graphs up
+# to FAMILY_ALL_NODES (a fraction of a second each), else as many pressure-restart completions
+# as fit in FAMILY_SHARE of the work (Extractor.work) the search did before them (after the first
+# family, completed and released in full), the cheapest FAMILY_RELEASED of them released. A
+# 3-layer GPT step on 2x4 tries 3 families instead of 1 (pressure completions take ~0.27 searches)
+FAMILY_SHARE = 0.6
+FAMILY_ALL_NODES = 5_000
+FAMILY_RELEASED = 1
+# the split bound (extract/bound.py) costs ~1 s per 100k e-nodes: beyond this, the per-value one alone
+SPLIT_BOUND_NODES = 150_000
+METHODS = ("auto", "greedy", "exact")
+
+
+@dataclass(frozen=True)
+class SearchPolicy:
+    method: str  # the user's extraction= ("auto", "greedy", "exact"), after exact_method
+    exact: bool  # the integer program runs after the local search
+    exact_seconds: float  # and for this long at most
+    chain_every_start: bool  # every start gets chain moves; else the best POLISHED starts only
+    restarts: bool  # the starts again under memory pressure
+    polish_restarts: bool  # the pressure restarts' plans get chain moves
+    seed_hybrids: bool  # FSDP + TP seeds (extract/seeds.py)
+    families: bool  # the standard layout families are completed and released
+    family_share: float | None  # their budget: a share of the search's work; None: every family in full
+    family_polish: bool  # their pressure completions get chain moves
+    family_released: int  # ... and the cheapest this many of them are released
+    bound: bool  # the plan's lower bound and gap are computed
+    split_bound: bool  # ... with the split bound too, else the per-value bound alone
+
+    @classmethod
+    def derive(cls, method: str, nodes: int, active_axes: int, exact_seconds: float = EXACT_SECONDS) -> SearchPolicy:
+        """The policy for an exported e-graph of `nodes` e-nodes on a mesh of `active_axes` axes
+        of more than one device."""
+        small = nodes <= SEED_CHAIN_NODES
+        return cls(
+            method=method,
+            exact=runs_exact(method, nodes),
+            exact_seconds=exact_seconds if method == "exact" else EXACT_AUTO_SECONDS,
+            chain_every_start=small,
+            restarts=True,
+            polish_restarts=small or active_axes >= 3,
+            seed_hybrids=small or active_axes >= 3,
+            families=True,
+            family_share=None if nodes <= FAMILY_ALL_NODES else FAMILY_SHARE,
+            family_polish=active_axes >= 3,
+            family_released=FAMILY_RELEASED,
+            bound=True,
+            split_bound=nodes <= SPLIT_BOUND_NODES,
+        )
+
+    def greedy(self, *, restarts: bool = True, bound: bool = True) -> SearchPolicy:
+        """The same search without the integer program or the families: a family's own
+        completion, a memory-pressure round of fit_memory."""
+        return replace(self, method="greedy", exact=False, families=False, restarts=restarts, bound=bound)
+
+
+def exact_method(method: str, nodes: int) -> tuple[str, str | None]:
+    """The extraction method the saturated e-graph allows, and why the integer program will not
+    run where it was asked for (None if it will)."""
+    if method == "exact" and nodes > EXACT_MAX_NODES:  # hopeless for the integer program
+        return "greedy", (f"not run: {nodes:,} e-nodes (it runs on up to {EXACT_MAX_NODES:,}; its "
+                          "relaxation is weak beyond a few thousand)")
+    return method, None
+
+
+def runs_exact(method: str, nodes: int) -> bool:
+    """Whether the integer program runs on an exported e-graph of `nodes` e-nodes (it needs the
+    resharding e-nodes exported; the greedy search does not, and they are most of the nodes)."""
+    return method == "exact" or (method == "auto" and nodes <= EXACT_AUTO_NODES)
