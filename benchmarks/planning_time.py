@@ -1,17 +1,19 @@
-"""Planning time and plan cost of two checkouts of shardsat side by side, interleaved case by case
+"""Planning time and plan cost of two (or more) checkouts of shardsat side by side, interleaved case by case
 (a loaded 2-core machine varies ~40% within minutes: a ratio measured in one run is what counts).
 
     git worktree add /tmp/before <commit>
     .venv/bin/python benchmarks/planning_time.py /tmp/before .            # experts + 24/96 layers
     .venv/bin/python benchmarks/planning_time.py /tmp/before . --no-layers  # no depth-scaling steps
     .venv/bin/python benchmarks/planning_time.py /tmp/before . --no-layers --only GPT --only conv
+    .venv/bin/python benchmarks/planning_time.py /tmp/base /tmp/before .  # three checkouts: ratios to the first
 
 `--only TEXT` (repeatable) keeps the cases whose name contains TEXT. The "same plan" column says
-whether the two checkouts chose the same production for every e-class (a refactoring's check).
+whether the last two checkouts chose the same production for every e-class (a refactoring's
+check). With more than two checkouts, the ratios are to the first.
 
 Every free plan of the experts benchmark (benchmarks/experts/, H100 profile) and the unrolled
 24- and 96-layer GPT steps of benchmarks/scaling.py, planned by one persistent process per
-checkout, the two alternating which goes first. Columns: wall seconds of saturate_and_extract
+checkout, taking turns at going first. Columns: wall seconds of saturate_and_extract
 (tracing included) before and after, their ratio, predicted step time before and after and its
 ratio, and the search's note on a layout family it started from.
 """
@@ -66,29 +68,36 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--worker"]:
         worker(argv[1])
         return 0
-    before, after, *rest = argv
+    flags = {"--only"}
+    roots = [a for k, a in enumerate(argv) if not a.startswith("--") and (k == 0 or argv[k - 1] not in flags)]
+    only = [argv[k + 1] for k, a in enumerate(argv) if a == "--only"]
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", os.path.abspath(root)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for root in (before, after)]
-    names, _ = (json.loads(p.stdout.readline())["names"] for p in procs)
-    only = [rest[i + 1] for i, a in enumerate(rest) if a == "--only"]
-    keys = [str(i) for i in range(len(names))] + ([] if "--no-layers" in rest else ["L24", "L96"])
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for root in roots]
+    headers = [json.loads(p.stdout.readline()) for p in procs]  # every worker's, read
+    names = headers[0]["names"]
+    keys = [str(i) for i in range(len(names))] + ([] if "--no-layers" in argv else ["L24", "L96"])
     keys = [k for k in keys if not only or any(o in (names[int(k)] if k.isdigit() else "GPT step") for o in only)]
-    print("| case | before s | after s | after/before | before us | after us | after/before | same plan | family |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|---|")
-    total = [0.0, 0.0]
+    n = len(roots)
+    cols = [f"s {c}" for c in range(n)] + [f"s {c}/0" for c in range(1, n)] + [f"us {c}" for c in range(n)] + \
+        [f"us {c}/0" for c in range(1, n)] + [f"same plan {n - 1} as {n - 2}", "family"]
+    print("| case | " + " | ".join(cols) + " |")
+    print("|---|" + "---:|" * (len(cols) - 2) + "---|---|")
+    total = [0.0] * n
     for i, key in enumerate(keys):
-        res: list[dict] = [{}, {}]
-        for j in ((0, 1) if i % 2 == 0 else (1, 0)):
+        res: list[dict] = [{} for _ in roots]
+        for j in [(i + c) % n for c in range(n)]:  # who goes first rotates
             procs[j].stdin.write(key + "\n")
             procs[j].stdin.flush()
             res[j] = json.loads(procs[j].stdout.readline())
-        a, b = res
-        total[0] += a["wall"]
-        total[1] += b["wall"]
-        print(f"| {a['case']} | {a['wall']:.2f} | {b['wall']:.2f} | {b['wall'] / max(a['wall'], 1e-9):.2f} | "
-              f"{a['us']:,.1f} | {b['us']:,.1f} | {b['us'] / a['us']:.3f} | {'yes' if a.get('plan') == b.get('plan') else 'no'} | "
-              f"{'; '.join(b['notes'])} |", flush=True)
-    print(f"| **total** | {total[0]:.1f} | {total[1]:.1f} | {total[1] / total[0]:.2f} | | | | | |")
+        for c in range(n):
+            total[c] += res[c]["wall"]
+        walls = [f"{r['wall']:.2f}" for r in res] + [f"{r['wall'] / max(res[0]['wall'], 1e-9):.2f}" for r in res[1:]]
+        costs = [f"{r['us']:,.1f}" for r in res] + [f"{r['us'] / res[0]['us']:.3f}" for r in res[1:]]
+        same = "yes" if res[-1].get("plan") == res[-2].get("plan") else "no"
+        print(f"| {res[0]['case']} | " + " | ".join(walls + costs) + f" | {same} | {'; '.join(res[-1]['notes'])} |",
+              flush=True)
+    ratios = [f"{t / total[0]:.2f}" for t in total[1:]]
+    print("| **total** | " + " | ".join([f"{t:.1f}" for t in total] + ratios + [""] * (n + n - 1 + 2)) + " |")
     for p in procs:
         p.stdin.close()
         p.wait()
