@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..egraph.export import NodeKind
+
+if TYPE_CHECKING:
+    from .planstate import PlanState
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,10 @@ class Extraction:
     sweeps: int = 0
     notes: list[str] = field(default_factory=list)
     gap: float | None = None  # relative optimality gap: the exact solver's, else against lower_bound_s
-    lower_bound_s: float | None = None  # no plan of the e-graph costs less (extract/greedy.py lower_bound)
+    lower_bound_s: float | None = None  # no plan of the e-graph costs less (extract/bound.py)
     alternatives: dict[int, tuple[int, float]] = field(default_factory=dict)  # group -> (layout, extra s)
     carry_layouts: dict[int, int] = field(default_factory=dict)  # scan carry-input value -> tied layout
-    state: Any = field(default=None, repr=False)  # the extractor's final choices, for explain()
+    state: PlanState | None = field(default=None, repr=False)  # the greedy search's final plan, for explain()
     exact_status: str | None = None
     # computes `alternatives` on first use: they cost a pass over the plan that only
     # plan.explain() reads

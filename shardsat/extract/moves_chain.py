@@ -1,0 +1,216 @@
+"""Chain moves: the productions of a producer -> consumer chain (a forward pass, a backward pass)
+re-chosen jointly by exact dynamic programming along it (Viterbi), the rest of the plan fixed.
+One value at a time cannot switch a chain's layout: each alone would pay resharding both sides."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+
+from .planstate import PlanState
+from .searchgraph import EPS, SearchGraph
+
+Best = dict[int, tuple[float, int]]  # per chain position: layout -> (cheapest prefix value, node)
+
+
+def chains(sg: SearchGraph, st: PlanState) -> list[list[int]]:
+    """A path cover of the used values along producer -> consumer edges, heaviest tensors
+    first: the chains whose layouts must switch together (a forward pass, a backward pass)."""
+    choice = st.choice
+    edges = []
+    for grp, n in choice.items():
+        for h in sg.demands(n):
+            if h in choice:
+                vids = sg.g.group_values[h]
+                size = sg.spaces.spaces[sg.group_space[h]].shape if vids else ()
+                edges.append((-float(np.prod(size)) if size else 0.0, h, grp))
+    edges.sort()
+    succ: dict[int, int] = {}
+    pred: dict[int, int] = {}
+    for _, h, grp in edges:
+        if h not in succ and grp not in pred:
+            succ[h] = grp
+            pred[grp] = h
+    out = []
+    for start in sorted(choice, key=lambda x: sg.rank[x]):
+        if start in pred:
+            continue
+        chain = [start]
+        while chain[-1] in succ:
+            chain.append(succ[chain[-1]])
+        if len(chain) > 1:
+            out.append(chain)
+    return out
+
+
+def relabel_chain(sg: SearchGraph, st: PlanState, chain: list[int]) -> bool:
+    """Re-choose the productions of a chain jointly (exact dynamic programming along the
+    chain, the rest of the plan fixed); keep the result if the true DAG cost drops."""
+    fixed, off = _outside_demands(sg, st, chain)
+    unary = _unary(sg, st, chain, off)
+    fixed_sets = [frozenset(f) for f in fixed]
+    best: list[Best] = []  # per position: layout -> (value, node)
+    back: list[dict[int, int]] = []  # per position: node -> predecessor node
+    for i in range(len(chain)):
+        cur, links = _position(sg, st, chain, i, unary, best, fixed_sets)
+        if not cur:
+            return False
+        best.append(cur)
+        back.append(links)
+    new = _backtrack(sg, chain, best, back, fixed)
+    if all(st.choice[grp] == n for grp, n in zip(chain, new, strict=True)):
+        return False
+    return _accept(sg, st, chain, new)
+
+
+def _outside_demands(sg: SearchGraph, st: PlanState, chain: list[int]
+                     ) -> tuple[list[Counter[int]], dict[int, Counter[int]]]:
+    """Demands on each chain value from everyone except its chain successor, and on each
+    off-chain operand of the chain without the chain's own current demands."""
+    choice, demand = st.choice, st.demand
+    on_chain = set(chain)
+    fixed: list[Counter[int]] = []
+    for i, grp in enumerate(chain):
+        d = demand[grp].copy()
+        if i + 1 < len(chain):
+            for lay in sg.demands(choice[chain[i + 1]]).get(grp, ()):
+                d[lay] -= 1
+        fixed.append(Counter({k: v for k, v in d.items() if v > 0}))
+    off: dict[int, Counter[int]] = {}
+    for grp in chain:
+        for h, lays in sg.demands(choice[grp]).items():
+            if h in on_chain:
+                continue
+            d = off.setdefault(h, demand[h].copy())
+            for lay in lays:
+                d[lay] -= 1
+    return fixed, {h: Counter({k: v for k, v in d.items() if v > 0}) for h, d in off.items()}
+
+
+def _unary(sg: SearchGraph, st: PlanState, chain: list[int], off: dict[int, Counter[int]]
+           ) -> Callable[[int, int], float]:
+    """Node n's price at chain position i: its own cost plus its off-chain operands' extra
+    resharding (inf if it reads the chain other than through its predecessor)."""
+    choice = st.choice
+    on_chain = set(chain)
+    off_sets = {h: frozenset(d) for h, d in off.items()}
+    empty: frozenset[int] = frozenset()
+    # an off-chain operand's extra cost for one set of demanded layouts: the same for every
+    # production that asks for them
+    op_memo: dict[tuple[int, tuple[int, ...]], float] = {}
+    cost_l = sg.cost_l
+
+    def unary(i: int, n: int) -> float:
+        v = cost_l[n]
+        for h, lays in sg.demands(n).items():
+            if h in on_chain:
+                if i == 0 or h != chain[i - 1]:
+                    return math.inf  # keep chain links the only on-chain dependencies
+                continue
+            if h not in choice:
+                return math.inf
+            d = op_memo.get((h, lays))
+            if d is None:
+                base = off_sets.get(h, empty)
+                ph = choice[h]
+                d = op_memo[(h, lays)] = sg.own(h, ph, base | frozenset(lays)) - (
+                    sg.own(h, ph, base) if base else cost_l[ph])
+            v += d
+        return v
+
+    return unary
+
+
+def _position(sg: SearchGraph, st: PlanState, chain: list[int], i: int, unary: Callable[[int, int], float],
+              best: list[Best], fixed_sets: list[frozenset[int]]) -> tuple[Best, dict[int, int]]:
+    """Position i of the dynamic program: per layout the cheapest chain prefix ending in a
+    production of chain[i] there, and per production the predecessor node it extends."""
+    g = sg.g
+    cur: Best = {}
+    links: dict[int, int] = {}
+    w_memo: dict[tuple[int, ...], tuple[float, int]] = {}
+    prev_rows: list[tuple[float, int, int, int]] | None = None
+    for n in st.prod[chain[i]]:
+        u = unary(i, n)
+        if not math.isfinite(u):
+            continue
+        if i > 0:
+            need = sg.demands(n).get(chain[i - 1], ())
+            if need not in w_memo:
+                if prev_rows is None:
+                    prev_rows = _ranked_rows(sg, chain[i - 1], best[i - 1])
+                w_memo[need] = _link(sg, chain[i - 1], prev_rows, fixed_sets[i - 1] | frozenset(need))
+            w, pn = w_memo[need]
+            u += w
+            links[n] = pn
+        lay = int(g.class_layout[g.node_class[n]])
+        if lay not in cur or u < cur[lay][0]:
+            cur[lay] = (u, n)
+    return cur, links
+
+
+def _ranked_rows(sg: SearchGraph, prev: int, best_prev: Best) -> list[tuple[float, int, int, int]]:
+    """The predecessor position's entries (value, entry number, layout row, node), cheapest
+    first: resharding costs are >= 0, so once a layout's own value exceeds the best total no
+    later one can win (ties go to the earlier layout, as in a scan of all of them)."""
+    index = sg.paths[sg.group_key[prev]].index
+    return sorted(((val, k, index[lay], pn) for k, (lay, (val, pn)) in enumerate(best_prev.items())))
+
+
+def _link(sg: SearchGraph, prev: int, prev_rows: list[tuple[float, int, int, int]], t: frozenset[int]
+          ) -> tuple[float, int]:
+    """The cheapest prefix through `prev` once resharded to the layouts `t` asked of it: its
+    value and its node."""
+    bv, bn = math.inf, -1
+    wp = float(sg.weight[prev])
+    layouts_prev = sg.paths[sg.group_key[prev]].layouts
+    row = sg.steiner_row(prev, t) if t else None
+    bk = -1
+    for val, k, r, pn in prev_rows:
+        if val > bv:
+            break
+        if row is None:
+            tot = val
+        else:
+            c = row[r]
+            if c is None:
+                c = row[r] = sg.steiner(prev, layouts_prev[r], t)[0]
+            tot = val + wp * c
+        if tot < bv or (tot == bv and k < bk):
+            bv, bn, bk = tot, pn, k
+    return bv, bn
+
+
+def _backtrack(sg: SearchGraph, chain: list[int], best: list[Best], back: list[dict[int, int]],
+               fixed: list[Counter[int]]) -> list[int]:
+    """The cheapest chain's productions, the last value's resharding to its other readers included."""
+    last = chain[-1]
+    bv, bn = math.inf, -1
+    for lay, (val, n) in best[-1].items():
+        t = frozenset(fixed[-1])
+        tot = val + (sg.weight[last] * sg.steiner(last, lay, t)[0] if t else 0.0)
+        if tot < bv:
+            bv, bn = tot, n
+    new = [bn]
+    for i in range(len(chain) - 1, 0, -1):
+        new.append(back[i][new[-1]])
+    new.reverse()
+    return new
+
+
+def _accept(sg: SearchGraph, st: PlanState, chain: list[int], new: list[int]) -> bool:
+    """Apply the chain's new productions if the exact cost of every value they touch drops."""
+    touched = set(chain)
+    for grp, n in zip(chain, new, strict=True):
+        touched |= set(sg.demands(st.choice[grp])) | set(sg.demands(n))
+    before = st.cost_of(sg, touched)
+    old = {grp: st.choice[grp] for grp in chain}
+    st.set(sg, chain, new)
+    after = st.cost_of(sg, touched)
+    if after < before - EPS - 1e-9 * before:
+        return True
+    st.set(sg, chain, [old[grp] for grp in chain])
+    return False

@@ -1,0 +1,248 @@
+"""The search's read-only view of one e-graph: built once, shared by every search on it.
+
+`SearchGraph` holds the value groups' productions in an acyclic order, the all-pairs cheapest
+resharding per tensor space, and the node costs and value weights the moves price with.
+`with_costs` gives the same structure under other costs (the search's pressure restarts and
+shallow loop copies) without rebuilding it. What depends on the structure alone and is filled
+in lazily (operand demands, resharding trees) lives in one `SearchCache` that every costing of
+the graph shares on purpose: a cached tree's float sum is the one later searches read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..egraph.collectives import reshard_mask
+from ..egraph.export import ExportedGraph
+from ..egraph.layout import SpaceTable
+from ..rules.reshard import ReshardEdge
+from .cost import CostModel
+
+# A move must save more than this many seconds (plus a relative 1e-9) to be taken: float noise
+# must never make two plans look better than each other in turn.
+EPS = 1e-12
+
+Tree = tuple[float, tuple[tuple[int, int], ...]]  # a resharding tree: seconds, edges (row pairs)
+
+
+@dataclass
+class SpacePaths:
+    """All-pairs cheapest resharding between the layouts of one space."""
+
+    index: dict[int, int]  # layout id -> row
+    layouts: tuple[int, ...]
+    dist: np.ndarray  # [n, n]
+    pred: np.ndarray  # [n, n] row of the node before t on the path s -> t (-1: none)
+    edge: dict[tuple[int, int], tuple[ReshardEdge, float]]  # cheapest direct edge (u, v) rows
+
+
+def space_paths(space_id: int, spaces: SpaceTable, edges: Sequence[ReshardEdge], model: CostModel,
+                combinable: bool = False) -> SpacePaths:
+    sp = spaces.spaces[space_id]
+    index = {lid: i for i, lid in enumerate(sp.layouts)}
+    n = len(sp.layouts)
+    dist = np.full((n, n), math.inf)
+    np.fill_diagonal(dist, 0.0)
+    pred = np.full((n, n), -1, dtype=np.int64)
+    best: dict[tuple[int, int], tuple[ReshardEdge, float]] = {}
+    for e in edges:
+        u, v = index[e.src], index[e.dst]
+        c = model.collective(e.kind, e.axes, space_id, e.src, e.dst, combinable).seconds
+        if (u, v) not in best or c < best[(u, v)][1]:
+            best[(u, v)] = (e, c)
+            if c < dist[u, v]:
+                dist[u, v] = c
+                pred[u, v] = u
+    for k in range(n):
+        via = dist[:, k : k + 1] + dist[k : k + 1, :]
+        better = via < dist - 1e-18
+        if better.any():
+            dist = np.where(better, via, dist)
+            pred = np.where(better, pred[k : k + 1, :], pred)
+    return SpacePaths(index, sp.layouts, dist, pred, best)
+
+
+@dataclass
+class SearchCache:
+    """Lazily filled tables that depend on the graph's structure only, never on its costs: shared
+    by every `with_costs` copy (and so by every search over the graph)."""
+
+    demands: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)  # node -> group -> layouts
+    steiner: dict[tuple[int, int, frozenset[int]], Tree] = field(default_factory=dict)
+    rows: dict[tuple[int, frozenset[int]], list[float | None]] = field(default_factory=dict)
+
+
+def _order(g: ExportedGraph, prod: list[list[int]], kids: dict[int, tuple[int, ...]]
+           ) -> tuple[list[int], np.ndarray, list[set[int]], list[list[int]]]:
+    """Value groups operands first (ties by group number), their rank, their consumers, and the
+    productions whose operands all come strictly earlier (acyclic plans)."""
+    G = g.num_groups
+    parents: list[set[int]] = [set() for _ in range(G)]
+    indeg = [0] * G
+    child_groups: list[set[int]] = [set() for _ in range(G)]
+    cg = g.class_group.tolist()
+    for grp in range(G):
+        for n in prod[grp]:
+            for c in kids[n]:
+                h = cg[c]
+                if h != grp:
+                    child_groups[grp].add(h)
+    for grp in range(G):
+        for h in child_groups[grp]:
+            parents[h].add(grp)
+        indeg[grp] = len(child_groups[grp])
+    ready = sorted(x for x in range(G) if indeg[x] == 0)
+    order: list[int] = []
+    heapq.heapify(ready)
+    while ready:
+        x = heapq.heappop(ready)
+        order.append(x)
+        for p in parents[x]:
+            indeg[p] -= 1
+            if indeg[p] == 0:
+                heapq.heappush(ready, p)
+    if len(order) < G:  # cycles (only through user rewrites): break by group number
+        seen = set(order)
+        order += [x for x in range(G) if x not in seen]
+    rank = np.empty(G, dtype=np.int64)
+    rank[order] = np.arange(G)
+    # a production is usable only if its operands come strictly earlier (acyclic plans)
+    rank_l = rank.tolist()
+    acyclic = [[n for n in prod[grp] if all(rank_l[cg[c]] < rank_l[grp] for c in kids[n])] for grp in range(G)]
+    return order, rank, parents, acyclic
+
+
+@dataclass(frozen=True, eq=False)
+class SearchGraph:
+    """Everything the moves read and never change. Hot loops index the `_l` Python lists:
+    numpy scalar indexing costs ~10x a list lookup."""
+
+    g: ExportedGraph
+    spaces: SpaceTable
+    model: CostModel
+    describe: Callable[[int], str]
+    combinable: frozenset[int]
+    group_space: list[int]  # group -> tensor space (-1: none)
+    # resharding prices depend on the space and on whether XLA can combine the collectives
+    group_key: list[tuple[int, bool]]
+    group_pk: list[int]  # group -> a small int per distinct group_key (memo keys)
+    paths: dict[tuple[int, bool], SpacePaths]
+    kids: dict[int, tuple[int, ...]]  # production node -> its child classes
+    prod_any: list[list[int]]  # productions per group before acyclicity narrows them: for bounds
+    prod: list[list[int]]  # usable productions per group (operands strictly earlier)
+    order: list[int]  # groups, operands first
+    rank: np.ndarray  # group -> position in `order`
+    parents: list[set[int]]  # group -> groups with a production reading it
+    node_layout: list[int]
+    kid_gl: dict[int, tuple[tuple[int, int], ...]]  # node -> (operand group, layout) per child
+    class_at: set[tuple[int, int]]  # (group, layout) pairs that exist as classes
+    class_group_l: list[int]
+    class_layout_l: list[int]
+    group_classes: list[list[int]]
+    cost: np.ndarray  # seconds per e-node, already weighted
+    weight: np.ndarray  # per group: executions per step
+    cost_l: list[float]
+    weight_l: list[float]
+    cache: SearchCache
+
+    @classmethod
+    def build(cls, g: ExportedGraph, node_cost: np.ndarray, value_space: list[int], spaces: SpaceTable,
+              edges: dict[int, list[ReshardEdge]], model: CostModel, describe: Callable[[int], str] | None,
+              combinable: frozenset[int], weight: np.ndarray | None) -> SearchGraph:
+        G = g.num_groups
+        weight = weight if weight is not None else np.ones(G)
+        group_space = [value_space[vs[0]] if vs else -1 for vs in g.group_values]
+        group_key = [(sp, grp in combinable) for grp, sp in enumerate(group_space)]
+        paths: dict[tuple[int, bool], SpacePaths] = {}
+        for key in sorted(set(group_key)):
+            if key[0] >= 0:
+                paths[key] = space_paths(key[0], spaces, edges.get(key[0], []), model, key[1])
+        # production nodes per group, with their child classes
+        prod: list[list[int]] = [[] for _ in range(G)]
+        kids: dict[int, tuple[int, ...]] = {}
+        kind = np.asarray(g.node_kind)
+        usable = ~reshard_mask(kind) & np.isfinite(node_cost)
+        ptr = g.child_ptr.tolist()
+        child = g.child_idx.tolist()
+        node_group = g.class_group[g.node_class].tolist()
+        for n in np.flatnonzero(usable).tolist():
+            prod[node_group[n]].append(n)
+            kids[n] = tuple(child[ptr[n]:ptr[n + 1]])
+        order, rank, parents, acyclic = _order(g, prod, kids)
+        cg, cl = g.class_group.tolist(), g.class_layout.tolist()
+        pk_index: dict[tuple[int, bool], int] = {}
+        group_classes: list[list[int]] = [[] for _ in range(G)]
+        for c, grp in enumerate(cg):
+            group_classes[grp].append(c)
+        return cls(
+            g=g, spaces=spaces, model=model, describe=describe or (lambda grp: f"value group {grp}"),
+            combinable=combinable, group_space=group_space, group_key=group_key,
+            group_pk=[pk_index.setdefault(key, len(pk_index)) for key in group_key], paths=paths, kids=kids,
+            prod_any=prod, prod=acyclic, order=order, rank=rank, parents=parents,
+            node_layout=g.class_layout[g.node_class].tolist(),
+            kid_gl={n: tuple((cg[c], cl[c]) for c in ks) for n, ks in kids.items()},
+            class_at={(int(grp), int(lay)) for grp, lay in zip(g.class_group, g.class_layout, strict=True)},
+            class_group_l=cg, class_layout_l=cl, group_classes=group_classes,
+            cost=node_cost, weight=weight, cost_l=np.asarray(node_cost, dtype=float).tolist(),
+            weight_l=np.asarray(weight, dtype=float).tolist(), cache=SearchCache())
+
+    def with_costs(self, node_cost: np.ndarray, weight: np.ndarray) -> SearchGraph:
+        """The same structure, paths and cache under other node costs and value weights."""
+        return dataclasses.replace(self, cost=node_cost, weight=weight,
+                                   cost_l=np.asarray(node_cost, dtype=float).tolist(),
+                                   weight_l=np.asarray(weight, dtype=float).tolist())
+
+    def steiner(self, grp: int, src_layout: int, targets: frozenset[int]) -> Tree:
+        """Cost and edges (row pairs) of the union of cheapest paths src -> each target."""
+        key = (self.group_pk[grp], src_layout, targets)
+        hit = self.cache.steiner.get(key)
+        if hit is not None:
+            return hit
+        sp = self.paths[self.group_key[grp]]
+        s = sp.index[src_layout]
+        used: set[tuple[int, int]] = set()
+        total = 0.0
+        for t_lid in targets:
+            t = sp.index[t_lid]
+            if not math.isfinite(sp.dist[s, t]):
+                total = math.inf
+                break
+            while t != s:
+                u = int(sp.pred[s, t])
+                if (u, t) not in used:
+                    used.add((u, t))
+                    total += sp.edge[(u, t)][1]
+                t = u
+        out = (total, tuple(sorted(used)))
+        self.cache.steiner[key] = out
+        return out
+
+    def steiner_row(self, grp: int, targets: frozenset[int]) -> list[float | None]:
+        """steiner()'s costs to these targets by source row (None until the caller fills it in):
+        a chain's dynamic program prices every predecessor layout against the same target set,
+        and a list lookup costs a fraction of steiner()'s keyed one."""
+        key = (self.group_pk[grp], targets)
+        row = self.cache.rows.get(key)
+        if row is None:
+            row = self.cache.rows[key] = [None] * len(self.paths[self.group_key[grp]].layouts)
+        return row
+
+    def demands(self, n: int) -> dict[int, tuple[int, ...]]:
+        """Layouts node n needs of each operand group."""
+        hit = self.cache.demands.get(n)
+        if hit is None:
+            out: dict[int, list[int]] = {}
+            for c in self.kids[n]:
+                out.setdefault(int(self.g.class_group[c]), []).append(int(self.g.class_layout[c]))
+            hit = self.cache.demands[n] = {h: tuple(sorted(v)) for h, v in out.items()}
+        return hit
+
+    def own(self, grp: int, n: int, targets: frozenset[int]) -> float:
+        """A value's seconds produced by n and resharded to `targets`."""
+        return self.cost_l[n] + self.weight_l[grp] * self.steiner(grp, self.node_layout[n], targets)[0]
