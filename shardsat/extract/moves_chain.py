@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .planstate import PlanState
-from .searchgraph import EPS, SearchGraph
+from .searchgraph import SearchGraph, improvement_bar
 
 Best = dict[int, tuple[float, int]]  # per chain position: layout -> (cheapest prefix value, node)
 
@@ -210,7 +210,7 @@ def _accept(sg: SearchGraph, st: PlanState, chain: list[int], new: list[int]) ->
     old = {grp: st.choice[grp] for grp in chain}
     st.set(sg, chain, new)
     after = st.cost_of(sg, touched)
-    if after < before - EPS - 1e-9 * before:
+    if after < improvement_bar(before):
         return True
     st.set(sg, chain, [old[grp] for grp in chain])
     return False

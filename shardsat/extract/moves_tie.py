@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from .planstate import PlanState
-from .searchgraph import EPS, SearchGraph
+from .searchgraph import SearchGraph, improvement_bar
 
 
 def tie_options(sg: SearchGraph, st: PlanState, h: int, rs: list[int]
@@ -39,7 +39,7 @@ def move_tie(sg: SearchGraph, st: PlanState, h: int, rs: list[int]) -> bool:
     if costed is None:
         return False
     before, options = costed
-    best, best_lay = before - EPS - 1e-9 * before, -1
+    best, best_lay = improvement_bar(before), -1
     for lay, after in options:
         if after < best:
             best, best_lay = after, lay

@@ -28,6 +28,13 @@ from .cost import CostModel
 # must never make two plans look better than each other in turn.
 EPS = 1e-12
 
+
+def improvement_bar(before: float) -> float:
+    """What a move's new cost must be below to count as an improvement on `before`: by more than
+    EPS and a relative 1e-9, so that sums taken in another order never look like a saving."""
+    return before - EPS - 1e-9 * before
+
+
 Tree = tuple[float, tuple[tuple[int, int], ...]]  # a resharding tree: seconds, edges (row pairs)
 
 
@@ -157,7 +164,7 @@ class SearchGraph:
               combinable: frozenset[int], weight: np.ndarray | None) -> SearchGraph:
         G = g.num_groups
         weight = weight if weight is not None else np.ones(G)
-        group_space = [value_space[vs[0]] if vs else -1 for vs in g.group_values]
+        group_space = g.group_spaces(value_space)
         group_key = [(sp, grp in combinable) for grp, sp in enumerate(group_space)]
         paths: dict[tuple[int, bool], SpacePaths] = {}
         for key in sorted(set(group_key)):
