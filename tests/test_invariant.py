@@ -144,3 +144,29 @@ def test_families_after_an_unfinished_integer_program(monkeypatch):
     p = [(jax.random.normal(k[0], (16, 64)) * 0.2, jax.random.normal(k[1], (64, 16)) * 0.2)]
     opt = optax.sgd(1e-2, momentum=0.9)
     assert_equivalent(plan, step, p, opt.init(p), jax.random.normal(k[2], (8, 16)))
+
+
+def test_release_starts_from_every_placement(monkeypatch):
+    """Regression: an extractor captured the production lists it narrows by pins at its first
+    pin, from the last plan it had continued. Where a plan was continued before any pin (the
+    deep-loop start: a shallow copy runs, the extractor resumes its plan), release() kept the
+    inputs inside that plan's pins and placements, so a released family could not move them.
+    Every pin now narrows the graph's own lists."""
+    from shardsat.extract.greedy import Extractor
+
+    problems = []
+    real = shardsat.api.best_plan
+    monkeypatch.setattr(shardsat.api, "best_plan", lambda p, *a, **k: problems.append(p) or real(p, *a, **k))
+    step, args = mlp_step(1, 16, 64, 8, "sgd")
+    shardsat.saturate_and_extract(step, jax.make_mesh((2, 4), ("data", "model")), *args, profile=PROFILE)
+    p = problems[0]
+    ex = Extractor(p.graph, p.node_cost, p.value_space, p.spaces, p.edges, p.model, combinable=p.combinable,
+                   weight=p.weight)
+    grp, places = next((h, ns) for h, ns in enumerate(ex.graph.prod) if len(ns) > 1 and all(
+        int(p.graph.node_kind[n]) == int(search.NodeKind.PLACE) for n in ns))
+    pin = {grp: frozenset({int(p.graph.node_b[places[0]])})}
+    first = ex.with_costs(p.node_cost, p.weight).run(p.roots, float("inf"), place_pins=pin, explain=False)
+    pinned = ex.resume(first, p.roots, float("inf"), explain=False)
+    assert pinned.state.prod[grp] == [places[0]]
+    freed = ex.release(pinned, p.roots, float("inf"), None, [])
+    assert sorted(freed.state.prod[grp]) == sorted(places)

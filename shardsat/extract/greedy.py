@@ -66,25 +66,20 @@ class Extractor:
         graph = SearchGraph.build(g, node_cost, value_space, spaces, edges, model, describe, combinable, weight)
         # moves tried by every search on this graph (copies share it): a budget measured in
         # work, not seconds, keeps plans the same on a loaded machine
-        self._attach(graph, [0], graph.prod, None)
+        self._attach(graph, [0])
 
-    def _attach(self, graph: SearchGraph, work: list[int], prod: list[list[int]],
-                prod_full: list[list[int]] | None) -> None:
+    def _attach(self, graph: SearchGraph, work: list[int]) -> None:
         """Set the facade's fields; shared with a `with_costs` copy: the graph's structure and
-        cache (through `graph`), the `work` count, and the production lists `_pin` narrows."""
+        cache (through `graph`) and the `work` count."""
         self.graph = graph
         self.work = work
-        # the production lists of the last plan this extractor built, continued or explained;
-        # its first pin captures them (`_pin`)
-        self._prod = prod
-        self._prod_full = prod_full
         self._space_seen: SpaceSeen = {}
 
     def with_costs(self, node_cost: np.ndarray, weight: np.ndarray) -> Extractor:
         """This extractor over the same graph with other node costs and value weights (both
         finite where the originals are): the structure and resharding paths are reused."""
         other = Extractor.__new__(Extractor)
-        other._attach(self.graph.with_costs(node_cost, weight), self.work, self._prod, self._prod_full)
+        other._attach(self.graph.with_costs(node_cost, weight), self.work)
         return other
 
     def lower_bound(self, roots: Roots) -> float:
@@ -141,14 +136,11 @@ class Extractor:
              ) -> tuple[list[list[int]], dict[int, dict[int, int]]]:
         """Productions narrowed to the pinned placements, and the place nodes of tied inputs by
         layout: every layout its pins allow (a seed picks the first plan's; the search may move it).
-        The lists narrowed are captured at this extractor's first pin from the last plan it
-        worked on (`_prod`): on a fresh extractor the graph's own, on a `with_costs` copy made
-        before any pin its original's (whose tied inputs may already be narrowed to one place)."""
+        Always the graph's own lists narrowed: not a plan's, which its pins and ties narrowed
+        (tests/test_invariant.py::test_release_starts_from_every_placement)."""
         g = self.graph.g
-        if self._prod_full is None:
-            self._prod_full = list(self._prod)
         # production lists are rebound, never mutated, so copying the outer list is enough
-        prod = self._prod = list(self._prod_full)
+        prod = list(self.graph.prod)
         for grp, lays in (place_pins or {}).items():
             prod[grp] = [
                 n for n in prod[grp]
@@ -182,7 +174,6 @@ class Extractor:
         t0 = time.perf_counter()
         st = ex.state.copy()
         st.roots = tuple(roots)
-        self._prod = st.prod
         out = self._finish(st, deadline, max_sweeps, explain, chains, t0)
         out.sweeps += ex.sweeps
         return out
@@ -198,7 +189,6 @@ class Extractor:
 
     def _alternatives(self, state: PlanState) -> dict[int, tuple[int, float]]:
         work = state.copy()
-        self._prod = work.prod
         return alternatives(self.graph, work)
 
     def forget_search(self) -> None:
