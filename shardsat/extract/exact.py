@@ -12,7 +12,6 @@ limit; its best plan and the optimality gap are reported.
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from scipy.sparse import coo_matrix
 from ..egraph.export import ExportedGraph, NodeKind
 from .cost import CostModel
 from .result import Extraction, GroupChoice, ReshardStep
+from .searchgraph import operands_first
 
 CUTOFF = 1e-6  # with an incumbent plan, only plans this much cheaper are sought
 NO_CHEAPER = "optimal"  # proven: no plan is cheaper than the incumbent
@@ -339,27 +339,8 @@ def _group_rank(g: ExportedGraph, nodes_of: list[list[int]], kids: list[np.ndarr
                 h = int(g.class_group[k])
                 if h != grp:
                     deps[grp].add(h)
-    rank = np.full(G, -1, dtype=np.int64)
-    indeg = [len(d) for d in deps]
-    users: list[list[int]] = [[] for _ in range(G)]
-    for grp, d in enumerate(deps):
-        for h in d:
-            users[h].append(grp)
-    ready = [x for x in range(G) if indeg[x] == 0]
-    heapq.heapify(ready)
-    r = 0
-    while ready:
-        x = heapq.heappop(ready)
-        rank[x] = r
-        r += 1
-        for u in users[x]:
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                heapq.heappush(ready, u)
-    for x in range(G):
-        if rank[x] < 0:
-            rank[x] = r
-            r += 1
+    rank = np.empty(G, dtype=np.int64)
+    rank[operands_first(deps)] = np.arange(G)
     return rank
 
 

@@ -85,13 +85,39 @@ class SearchCache:
     rows: dict[tuple[int, frozenset[int]], list[float | None]] = field(default_factory=dict)
 
 
+def operands_first(operands: list[set[int]], readers: list[set[int]] | None = None) -> list[int]:
+    """Value groups in topological order, operands before their readers, ties by group number;
+    groups on a cycle (only through user rewrites) last, by group number. `operands[g]`: the
+    groups g's productions read; `readers`: the inverse, where the caller has it."""
+    G = len(operands)
+    if readers is None:
+        readers = [set() for _ in range(G)]
+        for grp, ops in enumerate(operands):
+            for h in ops:
+                readers[h].add(grp)
+    indeg = [len(ops) for ops in operands]
+    ready = [x for x in range(G) if indeg[x] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        x = heapq.heappop(ready)
+        order.append(x)
+        for p in readers[x]:
+            indeg[p] -= 1
+            if indeg[p] == 0:
+                heapq.heappush(ready, p)
+    if len(order) < G:
+        seen = set(order)
+        order += [x for x in range(G) if x not in seen]
+    return order
+
+
 def _order(g: ExportedGraph, prod: list[list[int]], kids: dict[int, tuple[int, ...]]
            ) -> tuple[list[int], np.ndarray, list[set[int]], list[list[int]]]:
     """Value groups operands first (ties by group number), their rank, their consumers, and the
     productions whose operands all come strictly earlier (acyclic plans)."""
     G = g.num_groups
     parents: list[set[int]] = [set() for _ in range(G)]
-    indeg = [0] * G
     child_groups: list[set[int]] = [set() for _ in range(G)]
     cg = g.class_group.tolist()
     for grp in range(G):
@@ -103,20 +129,7 @@ def _order(g: ExportedGraph, prod: list[list[int]], kids: dict[int, tuple[int, .
     for grp in range(G):
         for h in child_groups[grp]:
             parents[h].add(grp)
-        indeg[grp] = len(child_groups[grp])
-    ready = sorted(x for x in range(G) if indeg[x] == 0)
-    order: list[int] = []
-    heapq.heapify(ready)
-    while ready:
-        x = heapq.heappop(ready)
-        order.append(x)
-        for p in parents[x]:
-            indeg[p] -= 1
-            if indeg[p] == 0:
-                heapq.heappush(ready, p)
-    if len(order) < G:  # cycles (only through user rewrites): break by group number
-        seen = set(order)
-        order += [x for x in range(G) if x not in seen]
+    order = operands_first(child_groups, parents)
     rank = np.empty(G, dtype=np.int64)
     rank[order] = np.arange(G)
     # a production is usable only if its operands come strictly earlier (acyclic plans)
