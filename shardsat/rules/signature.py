@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import InvalidSignatureError
@@ -68,18 +68,34 @@ class FactorSignature:
                             f"{where}: {kind} {i} dimension {d} has size {n} but its factors "
                             f"{fs or '()'} multiply to {prod}."
                         )
-        unknown = (self.reduction | self.need_replication) - set(self.factors)
-        if unknown:
-            raise InvalidSignatureError(f"{where}: unknown factors {sorted(unknown)} in reduction/need_replication.")
-        in_results = {f for t in self.results for d in t for f in d}
-        bad = self.reduction & in_results
-        if bad:
-            raise InvalidSignatureError(f"{where}: reduction factors {sorted(bad)} also appear in a result.")
-        for group in self.linear:
-            for i in group:
-                if not 0 <= i < len(self.operands):
-                    raise InvalidSignatureError(f"{where}: linear group {group} names operand {i}.")
+        problem = structure_problem(self.operands, self.results, {"reduction": self.reduction,
+                                    "need_replication": self.need_replication}, self.reduction, self.linear)
+        if problem:
+            raise InvalidSignatureError(f"{where}: {problem}")
         return self
+
+
+def structure_problem(operands: Sequence[TensorFactors], results: Sequence[TensorFactors],
+                      named: dict[str, Iterable[str]], reduction: Iterable[str],
+                      linear: Sequence[Sequence[int]]) -> str | None:
+    """What is wrong with a signature's factors apart from sizes, or None: factors `named` (by
+    the argument that names them) that no tensor has, reduction factors in a result, linear
+    groups naming operands it does not have. One check for built signatures (`validate`) and
+    for specs at registration (`register_signature`), before any shape is known."""
+    seen = set(factors_of((*operands, *results)))
+    for label, fs in named.items():
+        unknown = sorted(set(fs) - seen)
+        if unknown:
+            return f"{label} names unknown factor(s) {unknown}; the signature has {sorted(seen)}."
+    in_results = {f for t in results for d in t for f in d}
+    bad = sorted(set(reduction) & in_results)
+    if bad:
+        return f"reduction factor(s) {bad} also appear in a result."
+    for group in linear:
+        for i in group:
+            if not 0 <= int(i) < len(operands):
+                return f"linear group {tuple(group)} names operand {i}; there are {len(operands)} operands."
+    return None
 
 
 def factors_of(tensors: Sequence[TensorFactors]) -> tuple[str, ...]:

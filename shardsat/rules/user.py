@@ -21,7 +21,14 @@ from . import custom
 from .primitives import EqnTypes
 from .registry import add_rule, rule_for
 from .rule import Fuse, Localizer, PrimitiveRule
-from .signature import FactorSignature, TensorFactors, factors_of, infer_sizes, parse_tensors
+from .signature import (
+    FactorSignature,
+    TensorFactors,
+    factors_of,
+    infer_sizes,
+    parse_tensors,
+    structure_problem,
+)
 
 
 @dataclass(frozen=True)
@@ -153,20 +160,10 @@ def _parse_spec(name: str, spec: str, reduction_factors: Sequence[str], need_rep
     results = tuple(parse_tensors(rhs, name))
     if not results:
         raise InvalidSignatureError(f"{where} names no result.")
-    seen = set(factors_of((*operands, *results)))
-    for label, fs in (("reduction_factors", reduction_factors), ("need_replication_factors", need_replication_factors)):
-        unknown = sorted(set(fs) - seen)
-        if unknown:
-            raise InvalidSignatureError(f"{where}: {label} names unknown factor(s) {unknown}; the spec has {sorted(seen)}.")
-    in_results = {f for t in results for d in t for f in d}
-    bad = sorted(set(reduction_factors) & in_results)
-    if bad:
-        raise InvalidSignatureError(f"{where}: reduction factor(s) {bad} also appear in a result.")
-    for group in linear:
-        for i in group:
-            if not 0 <= int(i) < len(operands):
-                raise InvalidSignatureError(f"{where}: linear group {tuple(group)} names operand {i}; "
-                                            f"the spec has {len(operands)} operands.")
+    problem = structure_problem(operands, results, {"reduction_factors": reduction_factors,
+                                "need_replication_factors": need_replication_factors}, reduction_factors, linear)
+    if problem:
+        raise InvalidSignatureError(f"{where}: {problem}")
     return operands, results
 
 
