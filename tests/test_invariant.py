@@ -170,3 +170,32 @@ def test_release_starts_from_every_placement(monkeypatch):
     assert pinned.state.prod[grp] == [places[0]]
     freed = ex.release(pinned, p.roots, float("inf"), None, [])
     assert sorted(freed.state.prod[grp]) == sorted(places)
+
+
+def test_pressure_completions_rank_the_replicated_family_too(monkeypatch):
+    """Regression (benchmarks/invariant.py, 2x2x2): beyond FAMILY_ALL_NODES the replicated
+    family, completed in full, was left out of the pressure completions, and those were ranked
+    before their release. On a 4-layer GPT step its pressure completion, released, is the best
+    start of all (4,464 us; free 4,793, zero1(data) pinned 4,507). Now every family's pressure
+    completion is released and ranked, the replicated one's outside the budget, and the first
+    charged family runs whatever the budget."""
+    runs = []
+    real = search._pressed_families
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        runs.append(([f.name for f in args[4]], kwargs.get("uncharged", 0), out))
+        return out
+
+    monkeypatch.setattr(search, "_pressed_families", spy)
+    monkeypatch.setattr(policy, "FAMILY_SHARE", 1e-9)  # a budget no family fits in
+    cfg = GPTConfig(layers=1, d_model=32, heads=2, mlp=64, vocab=64, seq=16, batch=8)
+    _, step = make_gpt_step(cfg)
+    params = gpt_params(cfg, abstract=True)
+    args = ((params, jax.eval_shape(optax.adamw(1e-3).init, params)), gpt_batch(cfg, abstract=True))
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    plan = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, state_argnums=(0,))
+    (names, uncharged, out), = runs
+    assert names[0] == "replicated" and uncharged == 1
+    assert [f.name for f, _ in out] == names[:2]  # the uncharged one and the first charged one
+    assert all(plan.extraction.total_s <= ex.total_s * (1 + 1e-9) for _, ex in out)

@@ -22,9 +22,10 @@ EXACT_MAX_NODES = 200_000
 SEED_CHAIN_NODES = 150_000
 # the standard layout families' completions (search._family_starts): all of them on e-graphs up
 # to FAMILY_ALL_NODES (a fraction of a second each), else as many pressure-restart completions
-# as fit in FAMILY_SHARE of the work (Extractor.work) the search did before them (after the first
-# family, completed and released in full), the cheapest FAMILY_RELEASED of them released. A
-# 3-layer GPT step on 2x4 tries 3 families instead of 1 (pressure completions take ~0.27 searches)
+# as fit in FAMILY_SHARE of the work (Extractor.work) the search did before them, each released
+# (after the first family, completed and released in full), the cheapest FAMILY_RELEASED of them
+# polished with chain moves. A 3-layer GPT step on 2x4 tries 3
+# families instead of 1 (pressure completions take ~0.27 searches)
 FAMILY_SHARE = 0.6
 FAMILY_ALL_NODES = 5_000
 FAMILY_RELEASED = 1
@@ -44,8 +45,7 @@ class SearchPolicy:
     seed_hybrids: bool  # FSDP + TP seeds (extract/seeds.py)
     families: bool  # the standard layout families are completed and released
     family_share: float | None  # their budget: a share of the search's work; None: every family in full
-    family_polish: bool  # their pressure completions get chain moves
-    family_released: int  # ... and the cheapest this many of them are released
+    family_released: int  # ... and the cheapest this many of them polished with chain moves
     bound: bool  # the plan's lower bound and gap are computed
     split_bound: bool  # ... with the split bound too, else the per-value bound alone
 
@@ -64,7 +64,6 @@ class SearchPolicy:
             seed_hybrids=small or active_axes >= 3,
             families=True,
             family_share=None if nodes <= FAMILY_ALL_NODES else FAMILY_SHARE,
-            family_polish=active_axes >= 3,
             family_released=FAMILY_RELEASED,
             bound=True,
             split_bound=nodes <= SPLIT_BOUND_NODES,
