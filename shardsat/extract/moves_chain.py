@@ -189,7 +189,7 @@ def _link(sg: SearchGraph, prev: int, prev_rows: list[tuple[float, int, int, int
         if c is None:
             c = row[r] = sg.steiner_cost(prev, layouts_prev[r], t)
         tot = val + wp * c
-        if tot < bv or (tot == bv and k < bk):
+        if tot <= bv and (tot < bv or k < bk):
             bv, bn, bk = tot, pn, k
     return bv, bn
 
