@@ -100,8 +100,11 @@ def space_snapshot(sg: SearchGraph, st: PlanState, groups: list[int], tie_roots:
     roots = st.roots
     base = set(groups)
     for grp in groups:
-        for n in (st.place_of[grp].values() if grp in st.place_of else st.prod[grp]):
-            base.update(sg.demands(n))
+        if grp in st.place_of:
+            for n in st.place_of[grp].values():
+                base.update(sg.demands(n))
+        else:
+            base.update(sg.operands_of(grp, st.prod[grp]))
         base.update(roots[r][0] for r in tie_roots.get(grp, ()))
     deps = set(base)
     for x in base:

@@ -35,10 +35,15 @@ def improve(sg: SearchGraph, st: PlanState, grp: int) -> bool:
         saving += own(h, choice[h], rest[h]) - before[h]
     best_delta, best_n = -EPS - 1e-9 * base, -1
     slack = EPS + 1e-9 * abs(base)  # the bound sums in another order than delta below
+    # own(grp, n, targets) inlined for the loop over every production (same operations)
+    costs, cost_l, node_layout, pk, wg = sg.cache.cost, sg.cost_l, sg.node_layout, sg.group_pk[grp], sg.weight_l[grp]
     for n in st.prod[grp]:
         if n == cur:
             continue
-        delta = own(grp, n, targets) - base
+        c = costs.get((pk, node_layout[n], targets))
+        if c is None:
+            c = sg.steiner_cost(grp, node_layout[n], targets)
+        delta = cost_l[n] + wg * c - base
         if delta + saving > best_delta + slack:
             continue
         new_d = demands(n)

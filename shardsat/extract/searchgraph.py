@@ -91,6 +91,9 @@ class SearchCache:
     # frozensets may iterate in other orders, and the first order's float sum is the one kept
     cost: dict[tuple[int, int, frozenset[int]], float] = field(default_factory=dict)
     rows: dict[tuple[int, frozenset[int]], list[float | None]] = field(default_factory=dict)
+    # per group: a production list (a plan state's, never mutated once built) and the groups its
+    # productions read, kept while the list is the one a state holds (the space moves' snapshots)
+    operands: dict[int, tuple[list[int], frozenset[int]]] = field(default_factory=dict)
 
 
 def operands_first(operands: list[set[int]], readers: list[set[int]] | None = None) -> list[int]:
@@ -301,6 +304,19 @@ class SearchGraph:
                 out.setdefault(int(self.g.class_group[c]), []).append(int(self.g.class_layout[c]))
             hit = self.cache.demands[n] = {h: tuple(sorted(v)) for h, v in out.items()}
         return hit
+
+    def operands_of(self, grp: int, nodes: list[int]) -> frozenset[int]:
+        """The groups these productions of grp read: a state's production lists are rebound, never
+        mutated, so the union is kept for as long as the same list object is asked about."""
+        hit = self.cache.operands.get(grp)
+        if hit is not None and hit[0] is nodes:
+            return hit[1]
+        out: set[int] = set()
+        for n in nodes:
+            out.update(self.demands(n))
+        ops = frozenset(out)
+        self.cache.operands[grp] = (nodes, ops)
+        return ops
 
     def own(self, grp: int, n: int, targets: frozenset[int]) -> float:
         """A value's seconds produced by n and resharded to `targets` (steiner_cost inlined: the
