@@ -101,13 +101,15 @@ def _unary(sg: SearchGraph, st: PlanState, chain: list[int], off: dict[int, Coun
     # an off-chain operand's extra cost for one set of demanded layouts: the same for every
     # production that asks for them
     op_memo: dict[tuple[int, tuple[int, ...]], float] = {}
-    cost_l = sg.cost_l
+    cost_l, own, demands, cached = sg.cost_l, sg.own, sg.demands, sg.cache.demands
+    prev_of = [-1, *chain[:-1]]  # position i's only allowed on-chain operand (none at 0)
 
     def unary(i: int, n: int) -> float:
         v = cost_l[n]
-        for h, lays in sg.demands(n).items():
+        dm = cached.get(n)
+        for h, lays in (dm if dm is not None else demands(n)).items():
             if h in on_chain:
-                if i == 0 or h != chain[i - 1]:
+                if h != prev_of[i]:
                     return math.inf  # keep chain links the only on-chain dependencies
                 continue
             if h not in choice:
@@ -116,8 +118,8 @@ def _unary(sg: SearchGraph, st: PlanState, chain: list[int], off: dict[int, Coun
             if d is None:
                 base = off_sets.get(h, empty)
                 ph = choice[h]
-                d = op_memo[(h, lays)] = sg.own(h, ph, base | frozenset(lays)) - (
-                    sg.own(h, ph, base) if base else cost_l[ph])
+                d = op_memo[(h, lays)] = own(h, ph, base | frozenset(lays)) - (
+                    own(h, ph, base) if base else cost_l[ph])
             v += d
         return v
 
@@ -128,26 +130,30 @@ def _position(sg: SearchGraph, st: PlanState, chain: list[int], i: int, unary: C
               best: list[Best], fixed_sets: list[frozenset[int]]) -> tuple[Best, dict[int, int]]:
     """Position i of the dynamic program: per layout the cheapest chain prefix ending in a
     production of chain[i] there, and per production the predecessor node it extends."""
-    g = sg.g
+    node_layout, demands, cached = sg.node_layout, sg.demands, sg.cache.demands
     cur: Best = {}
     links: dict[int, int] = {}
     w_memo: dict[tuple[int, ...], tuple[float, int]] = {}
     prev_rows: list[tuple[float, int, int, int]] | None = None
+    prev = chain[i - 1] if i > 0 else -1
+    isfinite = math.isfinite
     for n in st.prod[chain[i]]:
         u = unary(i, n)
-        if not math.isfinite(u):
+        if not isfinite(u):
             continue
         if i > 0:
-            need = sg.demands(n).get(chain[i - 1], ())
-            if need not in w_memo:
+            dm = cached.get(n)
+            need = (dm if dm is not None else demands(n)).get(prev, ())
+            hit = w_memo.get(need)
+            if hit is None:
                 if prev_rows is None:
-                    prev_rows = _ranked_rows(sg, chain[i - 1], best[i - 1])
-                w_memo[need] = _link(sg, chain[i - 1], prev_rows, fixed_sets[i - 1] | frozenset(need))
-            w, pn = w_memo[need]
-            u += w
-            links[n] = pn
-        lay = int(g.class_layout[g.node_class[n]])
-        if lay not in cur or u < cur[lay][0]:
+                    prev_rows = _ranked_rows(sg, prev, best[i - 1])
+                hit = w_memo[need] = _link(sg, prev, prev_rows, fixed_sets[i - 1] | frozenset(need))
+            u += hit[0]
+            links[n] = hit[1]
+        lay = node_layout[n]
+        old = cur.get(lay)
+        if old is None or u < old[0]:
             cur[lay] = (u, n)
     return cur, links
 
@@ -165,21 +171,25 @@ def _link(sg: SearchGraph, prev: int, prev_rows: list[tuple[float, int, int, int
     """The cheapest prefix through `prev` once resharded to the layouts `t` asked of it: its
     value and its node."""
     bv, bn = math.inf, -1
-    wp = float(sg.weight[prev])
-    layouts_prev = sg.paths[sg.group_key[prev]].layouts
-    row = sg.steiner_row(prev, t) if t else None
     bk = -1
+    if not t:
+        for val, k, _, pn in prev_rows:
+            if val > bv:
+                break
+            if val < bv or (val == bv and k < bk):
+                bv, bn, bk = val, pn, k
+        return bv, bn
+    wp = sg.weight_l[prev]
+    layouts_prev = sg.paths[sg.group_key[prev]].layouts
+    row = sg.steiner_row(prev, t)
     for val, k, r, pn in prev_rows:
         if val > bv:
             break
-        if row is None:
-            tot = val
-        else:
-            c = row[r]
-            if c is None:
-                c = row[r] = sg.steiner(prev, layouts_prev[r], t)[0]
-            tot = val + wp * c
-        if tot < bv or (tot == bv and k < bk):
+        c = row[r]
+        if c is None:
+            c = row[r] = sg.steiner_cost(prev, layouts_prev[r], t)
+        tot = val + wp * c
+        if tot <= bv and (tot < bv or k < bk):
             bv, bn, bk = tot, pn, k
     return bv, bn
 
@@ -191,7 +201,7 @@ def _backtrack(sg: SearchGraph, chain: list[int], best: list[Best], back: list[d
     bv, bn = math.inf, -1
     for lay, (val, n) in best[-1].items():
         t = frozenset(fixed[-1])
-        tot = val + (sg.weight[last] * sg.steiner(last, lay, t)[0] if t else 0.0)
+        tot = val + (sg.weight[last] * sg.steiner_cost(last, lay, t) if t else 0.0)
         if tot < bv:
             bv, bn = tot, n
     new = [bn]

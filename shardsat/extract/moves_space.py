@@ -39,10 +39,9 @@ def space_moves(sg: SearchGraph, st: PlanState, seen_by_space: SpaceSeen, work: 
     first, keeping each move that lowers the exact DAG cost. every_layout=False tries only the
     layouts the space's values are produced or read in now (a quick pass for starting points;
     the polishing pass tries every one). `seen_by_space` remembers the spaces that found nothing."""
-    g = sg.g
     ranked, by_space = _ranked_spaces(sg, st)
     tie_roots: dict[int, list[int]] = {h: rs for h, rs in st.roots_of.items() if h in st.place_of}
-    layout_of = lambda n: int(g.class_layout[g.node_class[n]])  # noqa: E731
+    layout_of = sg.node_layout.__getitem__
     changed: set[int] = set()
     for key in ranked[:MAX_SPACES]:
         if time.perf_counter() >= deadline:
@@ -70,15 +69,16 @@ def space_moves(sg: SearchGraph, st: PlanState, seen_by_space: SpaceSeen, work: 
 def _best_space_plan(sg: SearchGraph, st: PlanState, groups: list[int], tie_roots: dict[int, list[int]],
                      work: list[int], deadline: float, every_layout: bool) -> dict[int, int] | None:
     """The move of these values to one layout that saves most (more than EPS), or None."""
-    g = sg.g
-    layout_of = lambda n: int(g.class_layout[g.node_class[n]])  # noqa: E731
-    candidates = ({layout_of(n) for x in groups for n in st.prod[x]} if every_layout else
-                  {layout_of(st.choice[x]) for x in groups} | {lay for x in groups for lay in st.demand[x]})
-    targets = sorted(lay for lay in candidates if not sg.spaces.layouts[lay].partial)
+    layout_of = sg.node_layout.__getitem__
     at: dict[int, dict[int, list[int]]] = {}  # group -> layout -> productions
     for x in groups:
-        for n in st.prod[x]:
-            at.setdefault(x, {}).setdefault(layout_of(n), []).append(n)
+        if st.prod[x]:
+            ax = at[x] = {}
+            for n in st.prod[x]:
+                ax.setdefault(layout_of(n), []).append(n)
+    candidates = ({lay for ax in at.values() for lay in ax} if every_layout else
+                  {layout_of(st.choice[x]) for x in groups} | {lay for x in groups for lay in st.demand[x]})
+    targets = sorted(lay for lay in candidates if not sg.spaces.layouts[lay].partial)
     best_gain, best_plan = EPS, None
     for b in targets:
         if time.perf_counter() >= deadline:
@@ -100,8 +100,11 @@ def space_snapshot(sg: SearchGraph, st: PlanState, groups: list[int], tie_roots:
     roots = st.roots
     base = set(groups)
     for grp in groups:
-        for n in (st.place_of[grp].values() if grp in st.place_of else st.prod[grp]):
-            base.update(sg.demands(n))
+        if grp in st.place_of:
+            for n in st.place_of[grp].values():
+                base.update(sg.demands(n))
+        else:
+            base.update(sg.operands_of(grp, st.prod[grp]))
         base.update(roots[r][0] for r in tie_roots.get(grp, ()))
     deps = set(base)
     for x in base:
@@ -115,8 +118,8 @@ def space_plan(sg: SearchGraph, st: PlanState, groups: list[int], b: int, tie_ro
                at: dict[int, dict[int, list[int]]]) -> dict[int, int]:
     """For each group (in order), the production in layout b that is cheapest given the
     groups before it already moved; groups with none in b stay."""
-    g = sg.g
     roots, choice = st.roots, st.choice
+    cost_l, weight, node_layout, demands, steiner_cost = sg.cost_l, sg.weight, sg.node_layout, sg.demands, sg.steiner_cost
     moved: dict[int, int] = {}
     for grp in groups:
         if grp in st.place_of:
@@ -130,13 +133,13 @@ def space_plan(sg: SearchGraph, st: PlanState, groups: list[int], b: int, tie_ro
             continue
         best_n, best_v = -1, math.inf
         for n in at.get(grp, {}).get(b, ()):
-            v = float(sg.cost[n])
-            for h, lays in sg.demands(n).items():
+            v = cost_l[n]
+            for h, lays in demands(n).items():
                 if h not in choice:
                     v = math.inf
                     break
                 src = moved.get(h, choice[h])
-                v += sg.weight[h] * sg.steiner(h, int(g.class_layout[g.node_class[src]]), frozenset(lays))[0]
+                v += weight[h] * steiner_cost(h, node_layout[src], frozenset(lays))
             if v < best_v:
                 best_n, best_v = n, v
         if best_n >= 0 and best_n != choice[grp]:

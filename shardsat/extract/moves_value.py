@@ -15,10 +15,11 @@ def improve(sg: SearchGraph, st: PlanState, grp: int) -> bool:
     """Best single change of this value's production, priced exactly on the DAG: its own
     node and resharding tree, and its operands' resharding trees."""
     choice, demand = st.choice, st.demand
+    own, demands = sg.own, sg.demands
     cur = choice[grp]
     targets = frozenset(demand[grp])
-    base = sg.own(grp, cur, targets)
-    cur_d = sg.demands(cur)
+    base = own(grp, cur, targets)
+    cur_d = demands(cur)
     # operand layouts still demanded without this value's current use, and their price now
     rest: dict[int, frozenset[int]] = {}
     before: dict[int, float] = {}
@@ -30,17 +31,22 @@ def improve(sg: SearchGraph, st: PlanState, grp: int) -> bool:
             return False  # an operand not produced in the current plan: no move is exact
         d = demand[h]
         rest[h] = frozenset(k for k, v in d.items() if v > mine.count(k))
-        before[h] = sg.own(h, choice[h], frozenset(d))
-        saving += sg.own(h, choice[h], rest[h]) - before[h]
+        before[h] = own(h, choice[h], frozenset(d))
+        saving += own(h, choice[h], rest[h]) - before[h]
     best_delta, best_n = -EPS - 1e-9 * base, -1
     slack = EPS + 1e-9 * abs(base)  # the bound sums in another order than delta below
+    # own(grp, n, targets) inlined for the loop over every production (same operations)
+    costs, cost_l, node_layout, pk, wg = sg.cache.cost, sg.cost_l, sg.node_layout, sg.group_pk[grp], sg.weight_l[grp]
     for n in st.prod[grp]:
         if n == cur:
             continue
-        delta = sg.own(grp, n, targets) - base
+        c = costs.get((pk, node_layout[n], targets))
+        if c is None:
+            c = sg.steiner_cost(grp, node_layout[n], targets)
+        delta = cost_l[n] + wg * c - base
         if delta + saving > best_delta + slack:
             continue
-        new_d = sg.demands(n)
+        new_d = demands(n)
         ok = True
         for h in cur_d.keys() | new_d.keys():
             if h not in choice:
@@ -50,13 +56,13 @@ def improve(sg: SearchGraph, st: PlanState, grp: int) -> bool:
                 d = demand[h]
                 mine = cur_d.get(h, ())
                 rest[h] = frozenset(k for k, v in d.items() if v > mine.count(k)) if mine else frozenset(d)
-                before[h] = sg.own(h, choice[h], frozenset(d))
+                before[h] = own(h, choice[h], frozenset(d))
             lays = new_d.get(h)
             after = rest[h].union(lays) if lays else rest[h]
             if not after:
                 ok = False
                 break
-            delta += sg.own(h, choice[h], after) - before[h]
+            delta += own(h, choice[h], after) - before[h]
             if delta >= best_delta and h not in new_d:
                 break
         if ok and delta < best_delta:

@@ -39,23 +39,30 @@ class PlanState:
         """Produce each group by its node instead, moving the demands on their operands."""
         kid_gl = sg.kid_gl
         choice, demand = self.choice, self.demand
+        # dict's own get and pop: Counter's missing-key and delete hooks are Python calls, and the
+        # keys' insertion order (which frozenset(demand) iterates in) comes out the same
         for grp, n in zip(groups, nodes, strict=True):
             for h, lay in kid_gl[choice[grp]]:
                 d = demand[h]
-                d[lay] -= 1
-                if d[lay] <= 0:
-                    del d[lay]
+                v = d.get(lay, 0) - 1
+                if v <= 0:
+                    d.pop(lay, None)
+                else:
+                    d[lay] = v
             choice[grp] = n
             for h, lay in kid_gl[n]:
-                demand[h][lay] += 1
+                d = demand[h]
+                d[lay] = d.get(lay, 0) + 1
 
     def cost_of(self, sg: SearchGraph, groups: set[int]) -> float:
         """The exact seconds of these values in the plan (inf for one nothing reads)."""
         total = 0.0
+        choice, demand, own = self.choice, self.demand, sg.own
         for grp in groups:
-            if grp in self.choice:
-                t = frozenset(self.demand[grp])
-                total += sg.own(grp, self.choice[grp], t) if t else math.inf
+            n = choice.get(grp)
+            if n is not None:
+                t = frozenset(demand[grp])
+                total += own(grp, n, t) if t else math.inf
         return total
 
     def retie(self, h: int, rs: list[int], lay: int, node: int) -> None:

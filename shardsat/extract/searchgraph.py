@@ -47,6 +47,10 @@ class SpacePaths:
     dist: np.ndarray  # [n, n]
     pred: np.ndarray  # [n, n] row of the node before t on the path s -> t (-1: none)
     edge: dict[tuple[int, int], tuple[ReshardEdge, float]]  # cheapest direct edge (u, v) rows
+    # the same as Python lists (numpy scalar indexing costs ~10x a list lookup in steiner's walk)
+    pred_l: list[list[int]] = field(default_factory=list)
+    finite_l: list[list[bool]] = field(default_factory=list)  # dist < inf
+    edge_s: dict[tuple[int, int], float] = field(default_factory=dict)  # edge's seconds alone
 
 
 def space_paths(space_id: int, spaces: SpaceTable, edges: Sequence[ReshardEdge], model: CostModel,
@@ -72,7 +76,8 @@ def space_paths(space_id: int, spaces: SpaceTable, edges: Sequence[ReshardEdge],
         if better.any():
             dist = np.where(better, via, dist)
             pred = np.where(better, pred[k : k + 1, :], pred)
-    return SpacePaths(index, sp.layouts, dist, pred, best)
+    return SpacePaths(index, sp.layouts, dist, pred, best, pred.tolist(), np.isfinite(dist).tolist(),
+                      {uv: c for uv, (_, c) in best.items()})
 
 
 @dataclass
@@ -82,7 +87,13 @@ class SearchCache:
 
     demands: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)  # node -> group -> layouts
     steiner: dict[tuple[int, int, frozenset[int]], Tree] = field(default_factory=dict)
+    # the trees' seconds alone, the first sum taken of each key (a tree's or a cost-only one): equal
+    # frozensets may iterate in other orders, and the first order's float sum is the one kept
+    cost: dict[tuple[int, int, frozenset[int]], float] = field(default_factory=dict)
     rows: dict[tuple[int, frozenset[int]], list[float | None]] = field(default_factory=dict)
+    # per group: a production list (a plan state's, never mutated once built) and the groups its
+    # productions read, kept while the list is the one a state holds (the space moves' snapshots)
+    operands: dict[int, tuple[list[int], frozenset[int]]] = field(default_factory=dict)
 
 
 def operands_first(operands: list[set[int]], readers: list[set[int]] | None = None) -> list[int]:
@@ -239,9 +250,40 @@ class SearchGraph:
                     used.add((u, t))
                     total += sp.edge[(u, t)][1]
                 t = u
+        total = self.cache.cost.setdefault(key, total)
         out = (total, tuple(sorted(used)))
         self.cache.steiner[key] = out
         return out
+
+    def steiner_cost(self, grp: int, src_layout: int, targets: frozenset[int]) -> float:
+        """steiner()'s seconds alone: the moves price trees and never read their edges."""
+        key = (self.group_pk[grp], src_layout, targets)
+        hit = self.cache.cost.get(key)
+        if hit is None:
+            hit = self._steiner_sum(key, self.paths[self.group_key[grp]], src_layout, targets)
+        return hit
+
+    def _steiner_sum(self, key: tuple[int, int, frozenset[int]], sp: SpacePaths, src_layout: int,
+                     targets: frozenset[int]) -> float:
+        """steiner()'s walk and float sum in its order (so bit-identical), without the edge tuple; cached."""
+        index, edge_s = sp.index, sp.edge_s
+        s = index[src_layout]
+        pred, finite = sp.pred_l[s], sp.finite_l[s]
+        used: set[tuple[int, int]] = set()
+        total = 0.0
+        for t_lid in targets:
+            t = index[t_lid]
+            if not finite[t]:
+                total = math.inf
+                break
+            while t != s:
+                u = pred[t]
+                if (u, t) not in used:
+                    used.add((u, t))
+                    total += edge_s[(u, t)]
+                t = u
+        self.cache.cost[key] = total
+        return total
 
     def steiner_row(self, grp: int, targets: frozenset[int]) -> list[float | None]:
         """steiner()'s costs to these targets by source row (None until the caller fills it in):
@@ -263,6 +305,24 @@ class SearchGraph:
             hit = self.cache.demands[n] = {h: tuple(sorted(v)) for h, v in out.items()}
         return hit
 
+    def operands_of(self, grp: int, nodes: list[int]) -> frozenset[int]:
+        """The groups these productions of grp read: a state's production lists are rebound, never
+        mutated, so the union is kept for as long as the same list object is asked about."""
+        hit = self.cache.operands.get(grp)
+        if hit is not None and hit[0] is nodes:
+            return hit[1]
+        out: set[int] = set()
+        for n in nodes:
+            out.update(self.demands(n))
+        ops = frozenset(out)
+        self.cache.operands[grp] = (nodes, ops)
+        return ops
+
     def own(self, grp: int, n: int, targets: frozenset[int]) -> float:
-        """A value's seconds produced by n and resharded to `targets`."""
-        return self.cost_l[n] + self.weight_l[grp] * self.steiner(grp, self.node_layout[n], targets)[0]
+        """A value's seconds produced by n and resharded to `targets` (steiner_cost inlined: the
+        moves' hottest call)."""
+        lay = self.node_layout[n]
+        c = self.cache.cost.get((self.group_pk[grp], lay, targets))
+        if c is None:
+            c = self.steiner_cost(grp, lay, targets)
+        return self.cost_l[n] + self.weight_l[grp] * c

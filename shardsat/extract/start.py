@@ -107,7 +107,7 @@ def choose_top_down(sg: SearchGraph, st: PlanState, est: list[float], uses: list
             v = cost_l[n] + sum(est[c] / uses[cls_group_l[c]] for c in kids[n])
             if v >= best_v:
                 continue
-            v += w * sg.steiner(grp, node_layout[n], targets)[0]
+            v += w * sg.steiner_cost(grp, node_layout[n], targets)
             if v < best_v:
                 best_n, best_v = n, v
         if best_n < 0:
