@@ -389,7 +389,7 @@ def _weights(program: Program, graph: ExportedGraph) -> np.ndarray:
 def _extract(req: _Request, policy: SearchPolicy, problem: Problem, node_cost: np.ndarray, full_roots: Callable[[Extraction], Extraction],
              memory_of: Callable[[Extraction], MemoryEstimate], limit: int | None, deadline: float,
              sat: SaturationReport) -> tuple[Extraction, MemoryEstimate | None]:
-    """The best plan found by `method`, within the memory limit where there is one."""
+    """The best plan the policy's search finds, within the memory limit where there is one."""
     limits = req.limits
     try:
         if policy.method not in METHODS:
