@@ -12,6 +12,7 @@ with AdamW, every argument a ShapeDtypeStruct, under the profile of the issue (1
     .venv/bin/python benchmarks/invariant.py                 # the sweep (about an hour on 2 cores)
     .venv/bin/python benchmarks/invariant.py --quick         # two configurations, 2x4 only
     .venv/bin/python benchmarks/invariant.py --compiled      # also compile the free and best pinned plans
+    .venv/bin/python benchmarks/invariant.py --free-only     # the free plans alone (~10 minutes)
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class Row:
                 f"{self.compiled}")
 
 
-def run(name: str, cfg: GPTConfig, state: tuple[int, ...] | None, mesh_name: str, compiled: bool) -> Row:
+def run(name: str, cfg: GPTConfig, state: tuple[int, ...] | None, mesh_name: str, compiled: bool,
+        pinned_too: bool = True) -> Row:
     mesh = jax.make_mesh(*MESHES[mesh_name])
     _, step = make_gpt_step(cfg)
     params = gpt_params(cfg, abstract=True)
@@ -83,7 +85,8 @@ def run(name: str, cfg: GPTConfig, state: tuple[int, ...] | None, mesh_name: str
     free = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, state_argnums=state)
     plan_s = time.perf_counter() - t
     best, best_name, violations = None, "-", []
-    for fam, pins in standard_layouts(step, mesh, *args, state_argnums=state).items():
+    families = standard_layouts(step, mesh, *args, state_argnums=state) if pinned_too else {}
+    for fam, pins in families.items():
         pinned = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, state_argnums=state,
                                                in_shardings=pins)
         if best is None or pinned.cost.total_s < best.cost.total_s:
@@ -105,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compiled", action="store_true", help="compile the free and the best pinned plan")
     ap.add_argument("--mesh", action="append", choices=sorted(MESHES), help="meshes (default: all but 1x8)")
     ap.add_argument("--only", action="append", metavar="NAME", help="configurations with this name (repeatable)")
+    ap.add_argument("--free-only", action="store_true",
+                    help="the free plans alone (a search change leaves the pinned plans as they were: "
+                         "a plan with every argument pinned has no families to try)")
     ns = ap.parse_args(argv)
     configs = CONFIGS[:2] if ns.quick else [c for c in CONFIGS if ns.only is None or c[0] in ns.only]
     meshes = ns.mesh or (["2x4"] if ns.quick else [m for m in MESHES if m != "1x8"])
@@ -119,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = 0
     for name, cfg, state in configs:
         for m in meshes:
-            row = run(name, cfg, state, m, ns.compiled)
+            row = run(name, cfg, state, m, ns.compiled and not ns.free_only, not ns.free_only)
             bad += len(row.violations)
             print(row.markdown(), flush=True)
     print(f"\n{bad} violation(s)")
