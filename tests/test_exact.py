@@ -49,12 +49,12 @@ from test_equivalence import programs as random_programs
 import shardsat
 import shardsat.api as api
 from shardsat.egraph.export import ExportedGraph, NodeKind
-from shardsat.extract.bound import split_bound
 from shardsat.extract.exact import solve_exact
 from shardsat.extract.greedy import Extractor
 from shardsat.extract.plancost import cost_plan
 from shardsat.extract.result import Extraction
 from shardsat.extract.search import Problem
+from shardsat.extract.splitbound import split_bound
 from shardsat.rules.reshard import ReshardEdge
 from shardsat.runtime.plan import Plan
 from shardsat.testing import check_plan
@@ -474,7 +474,7 @@ def test_synthetic_exact_matches_brute_force_and_bounds_greedy(seed):
     assert greedy.total_s >= exact.total_s * (1 - REL), f"seed {seed}: greedy {greedy.total_s!r} < exact"
     lb = s.lower_bound()
     assert 0.0 <= lb <= best * (1 + REL), f"seed {seed}: lower bound {lb!r} > optimum {best!r}"
-    split = s.split_bound()  # operands' layouts linked to their readers (extract/bound.py)
+    split = s.split_bound()  # operands' layouts linked to their readers (extract/splitbound.py)
     assert 0.0 <= split <= best * (1 + REL), f"seed {seed}: split bound {split!r} > optimum {best!r}"
 
 

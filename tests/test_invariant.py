@@ -64,11 +64,15 @@ def gnn_step(nodes: int, edges: int, d: int):
 
 def assert_no_family_beats_free(step, args, mesh, state):
     free = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, state_argnums=state)
+    bound = free.extraction.lower_bound_s or 0.0
+    assert bound <= free.cost.total_s * (1 + 1e-9), (bound, free.cost.total_s)
     for name, pins in standard_layouts(step, mesh, *args, state_argnums=state).items():
         pinned = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, state_argnums=state,
                                                in_shardings=pins)
         assert free.cost.total_s <= pinned.cost.total_s * (1 + 1e-6), (
             f"{name} pinned: {pinned.cost.total_s * 1e6:.2f} us, free: {free.cost.total_s * 1e6:.2f} us")
+        # a pinned plan is a plan of the free problem too: the free plan's lower bound is below it
+        assert bound <= pinned.cost.total_s * (1 + 1e-9), (name, bound, pinned.cost.total_s)
     return free
 
 

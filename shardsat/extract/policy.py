@@ -29,8 +29,9 @@ SEED_CHAIN_NODES = 150_000
 FAMILY_SHARE = 0.6
 FAMILY_ALL_NODES = 5_000
 FAMILY_RELEASED = 1
-# the split bound (extract/bound.py) costs ~1 s per 100k e-nodes: beyond this, the per-value one alone
-SPLIT_BOUND_NODES = 150_000
+# the split bound (extract/splitbound.py) costs ~0.4 s per round on a 2x2x2 GPT step's 1.2M e-nodes
+# (107k productions), three rounds with loop-carried state: beyond this, the per-value one alone
+SPLIT_BOUND_NODES = 2_000_000
 METHODS = ("auto", "greedy", "exact")
 
 

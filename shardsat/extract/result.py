@@ -47,7 +47,7 @@ class Extraction:
     sweeps: int = 0
     notes: list[str] = field(default_factory=list)
     gap: float | None = None  # relative optimality gap: the exact solver's, else against lower_bound_s
-    lower_bound_s: float | None = None  # no plan of the e-graph costs less (extract/bound.py)
+    lower_bound_s: float | None = None  # no plan of the e-graph costs less (extract/bound.py, extract/splitbound.py)
     alternatives: dict[int, tuple[int, float]] = field(default_factory=dict)  # group -> (layout, extra s)
     carry_layouts: dict[int, int] = field(default_factory=dict)  # scan carry-input value -> tied layout
     state: PlanState | None = field(default=None, repr=False)  # the greedy search's final plan, for explain()

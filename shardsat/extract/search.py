@@ -16,7 +16,6 @@ import numpy as np
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import SpaceTable
 from ..errors import NoPlanError
-from .bound import split_bound
 from .cost import CostModel
 from .exact import solve_exact
 from .families import Family
@@ -24,6 +23,7 @@ from .greedy import EPS, Extractor
 from .memory import MemoryEstimate
 from .policy import SearchPolicy
 from .result import Extraction
+from .splitbound import split_bound
 
 ACTIVATION_WEIGHT = 0.25
 POLISHED = 2
@@ -87,7 +87,7 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, policy: Search
     best.explainer = ex.explain
     ex.forget_search()
     if best.gap is None and policy.bound:
-        split = split_bound(ex, p.roots) if policy.split_bound else 0.0
+        split = split_bound(ex, p.roots, ties=p.ties, pins=p.place_pins, plan=best) if policy.split_bound else 0.0
         bound_gap(best, max(ex.lower_bound(p.roots), split))
     best.seconds = time.perf_counter() - t0
     return best
