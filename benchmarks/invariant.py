@@ -3,8 +3,9 @@ layout family pinned and completed by shardsat (issue 17).
 
 Per configuration x mesh: the free plan's predicted step (shardsat's cost model) and planning
 time; the cheapest pinned family and how many families are cheaper than the free plan
-(violations, must be 0); the free plan's ratio to the compute floor (XLA's FLOPs of the
-unsharded step / devices / peak); and, with --compiled, the roofline estimate of both compiled
+(violations, must be 0; a lower bound above a pinned plan counts too); the free plan's ratio
+to the compute floor (XLA's FLOPs of the unsharded step / devices / peak), its lower bound and
+gap as its report gives them; and, with --compiled, the roofline estimate of both compiled
 programs (benchmarks/compiled.py). The step is a hand-written pre-LN GPT (examples/models.py)
 with AdamW, every argument a ShapeDtypeStruct, under the profile of the issue (100 TFLOP/s,
 2 TB/s, 100 GB/s links, 5 us).
@@ -63,13 +64,14 @@ class Row:
     best_us: float
     violations: list[str]
     floor_ratio: float
+    bound_us: float  # the free plan's lower bound (extract/splitbound.py); nan where none
     compiled: str = ""
 
     def markdown(self) -> str:
         viol = ", ".join(self.violations) if self.violations else "0"
         return (f"| {self.config} | {self.mesh} | {self.free_us:,.1f} | {self.plan_s:.1f} | {self.best_family} "
-                f"{self.best_us:,.1f} | {self.best_us / self.free_us:.3f} | {viol} | {self.floor_ratio:.2f} |"
-                f"{self.compiled}")
+                f"{self.best_us:,.1f} | {self.best_us / self.free_us:.3f} | {viol} | {self.floor_ratio:.2f} | "
+                f"{self.bound_us:,.1f} | {1 - self.bound_us / self.free_us:.1%} |{self.compiled}")
 
 
 def run(name: str, cfg: GPTConfig, state: tuple[int, ...] | None, mesh_name: str, compiled: bool,
@@ -93,9 +95,13 @@ def run(name: str, cfg: GPTConfig, state: tuple[int, ...] | None, mesh_name: str
             best, best_name = pinned, fam
         if pinned.cost.total_s * (1 + 1e-6) < free.cost.total_s:
             violations.append(f"{fam} {pinned.cost.total_s * 1e6:,.1f}")
+        if (free.report.lower_bound_s or 0.0) > pinned.cost.total_s * (1 + 1e-9):  # a bound above a plan
+            violations.append(f"bound above {fam}")
     floor = unsharded_flops(step, args) / mesh.devices.size / PROFILE.flops_per_s
+    bound = free.report.lower_bound_s
     row = Row(name, mesh_name, free.cost.total_s * 1e6, plan_s, best_name,
-              best.cost.total_s * 1e6 if best else float("nan"), violations, free.cost.total_s / floor)
+              best.cost.total_s * 1e6 if best else float("nan"), violations, free.cost.total_s / floor,
+              bound * 1e6 if bound is not None else float("nan"))
     if compiled and best is not None:
         f, b = compiled_step(free, args, PROFILE), compiled_step(best, args, PROFILE)
         row.compiled = f" {f.total_us:,.1f} | {b.total_us:,.1f} | {b.total_us / f.total_us:.3f} |"
@@ -115,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     configs = CONFIGS[:2] if ns.quick else [c for c in CONFIGS if ns.only is None or c[0] in ns.only]
     meshes = ns.mesh or (["2x4"] if ns.quick else [m for m in MESHES if m != "1x8"])
     head = ("| config | mesh | free us | plan s | best pinned family us | best/free | violations "
-            "| free / compute floor |")
-    rule = "|---|---|---:|---:|---|---:|---|---:|"
+            "| free / compute floor | lower bound us | gap |")
+    rule = "|---|---|---:|---:|---|---:|---|---:|---:|---:|"
     if ns.compiled:
         head += " compiled free us | compiled best pinned us | compiled best/free |"
         rule += "---:|---:|---:|"

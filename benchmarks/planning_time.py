@@ -15,7 +15,9 @@ Every free plan of the experts benchmark (benchmarks/experts/, H100 profile) and
 24- and 96-layer GPT steps of benchmarks/scaling.py, planned by one persistent process per
 checkout, taking turns at going first. Columns: wall seconds of saturate_and_extract
 (tracing included) before and after, their ratio, predicted step time before and after and its
-ratio, and the search's note on a layout family it started from.
+ratio, the plan's reported optimality gap (against the integer program's bound, else the
+lower bound of extract/bound.py and extract/splitbound.py), and the search's note on a layout
+family it started from.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def worker(root: str) -> None:
         wall = time.perf_counter() - t
         notes = [n for n in plan.extraction.notes if "family" in n]
         chosen = sorted((g, c.node, c.layout, c.demanded) for g, c in plan.extraction.choices.items())
-        print(json.dumps({"case": name, "wall": wall, "us": plan.cost.total_s * 1e6, "notes": notes,
+        gap = plan.extraction.gap
+        print(json.dumps({"case": name, "wall": wall, "us": plan.cost.total_s * 1e6, "notes": notes, "gap": gap,
                           "plan": hashlib.sha1(repr(chosen).encode()).hexdigest()}), flush=True)
 
 
@@ -79,7 +82,7 @@ def main(argv: list[str]) -> int:
     keys = [k for k in keys if not only or any(o in (names[int(k)] if k.isdigit() else "GPT step") for o in only)]
     n = len(roots)
     cols = [f"s {c}" for c in range(n)] + [f"s {c}/0" for c in range(1, n)] + [f"us {c}" for c in range(n)] + \
-        [f"us {c}/0" for c in range(1, n)] + [f"same plan {n - 1} as {n - 2}", "family"]
+        [f"us {c}/0" for c in range(1, n)] + [f"gap {c}" for c in range(n)] + [f"same plan {n - 1} as {n - 2}", "family"]
     print("| case | " + " | ".join(cols) + " |")
     print("|---|" + "---:|" * (len(cols) - 2) + "---|---|")
     total = [0.0] * n
@@ -93,11 +96,12 @@ def main(argv: list[str]) -> int:
             total[c] += res[c]["wall"]
         walls = [f"{r['wall']:.2f}" for r in res] + [f"{r['wall'] / max(res[0]['wall'], 1e-9):.2f}" for r in res[1:]]
         costs = [f"{r['us']:,.1f}" for r in res] + [f"{r['us'] / res[0]['us']:.3f}" for r in res[1:]]
+        costs += ["-" if r.get("gap") is None else f"{r['gap']:.1%}" for r in res]
         same = "yes" if res[-1].get("plan") == res[-2].get("plan") else "no"
         print(f"| {res[0]['case']} | " + " | ".join(walls + costs) + f" | {same} | {'; '.join(res[-1]['notes'])} |",
               flush=True)
     ratios = [f"{t / total[0]:.2f}" for t in total[1:]]
-    print("| **total** | " + " | ".join([f"{t:.1f}" for t in total] + ratios + [""] * (n + n - 1 + 2)) + " |")
+    print("| **total** | " + " | ".join([f"{t:.1f}" for t in total] + ratios + [""] * (n + n - 1 + n + 2)) + " |")
     for p in procs:
         p.stdin.close()
         p.wait()

@@ -7,8 +7,8 @@ Needs 8 devices: XLA_FLAGS=--xla_force_host_platform_device_count=8 set before j
 Classification (fuzz/outcome.py): the generated program failing under jax.jit is `invalid` (not a
 shardsat defect); a ShardsatError from saturate_and_extract is `error`; any other exception
 anywhere (planning, plan.jit(), compiling, running) is `crash`; outputs that differ beyond the
-tolerance of the program's float dtype, or host callbacks that ran a different number of times,
-are `mismatch`; XLA reporting "Involuntary full rematerialization" while compiling the plan is
+tolerance of the program's float dtype, host callbacks that ran a different number of times, or
+a plan cheaper than the lower bound its report gives, are `mismatch`; XLA reporting "Involuntary full rematerialization" while compiling the plan is
 `remat`; a plan that replicated equations by fallback is `fallback`; otherwise `ok`.
 """
 
@@ -187,6 +187,11 @@ def _plan(case: FuzzCase, mesh: Any, args: tuple[Any, ...], out: Outcome) -> Any
     finally:
         out.plan_s = time.perf_counter() - t0
     out.fallbacks = list(plan.report.fallbacks)
+    bound = plan.report.lower_bound_s
+    if bound is not None and bound > plan.cost.total_s * (1 + 1e-9) + 1e-15:  # a bound no plan may beat, beaten
+        out.outcome, out.reason = "mismatch", (f"lower bound {bound * 1e6:.4f} us above the plan's "
+                                               f"{plan.cost.total_s * 1e6:.4f} us")
+        return None
     return plan
 
 

@@ -27,7 +27,7 @@ from .extract.cost import CostModel
 from .extract.families import families
 from .extract.memory import MemoryEstimate, MemoryModel
 from .extract.plancost import cost_plan
-from .extract.policy import METHODS, SearchPolicy, exact_method, runs_exact
+from .extract.policy import SearchPolicy, exact_method, runs_exact
 from .extract.profile import DeviceProfile, get_profile
 from .extract.result import Extraction
 from .extract.search import MemoryNotMetError, Problem, best_plan, fit_memory
@@ -221,10 +221,9 @@ def _plan(req: _Request, prepared: Prepared, start: float, shown: Progress) -> P
     spaces = SpaceTable(MeshAxes.from_mesh(req.mesh))
     arg_pins, out_pins = resolve_pins(program, spaces, req.in_shardings, req.out_shardings, program.name)
     tie_pairs = resolve_ties(program, req.state_argnums, program.name)
-    graph, tables, sat, value_space, skipped = _saturate(req, program, spaces, deadline, shown)
+    graph, tables, sat, value_space, method, skipped = _saturate(req, program, spaces, deadline, shown)
     t1 = time.perf_counter()
-    policy = SearchPolicy.derive("greedy" if skipped else req.extraction, graph.size, len(spaces.mesh.active),
-                                 limits.exact_seconds)
+    policy = SearchPolicy.derive(method, graph.size, len(spaces.mesh.active), limits.exact_seconds)
     model = CostModel(prof, spaces, tables)
     problem, node_cost, full_roots = _problem(program, graph, spaces, tables, model, value_space, arg_pins,
                                               out_pins, tie_pairs, policy)
@@ -313,9 +312,10 @@ def _fit_compiled(plan: Plan, limit: int, req: _Request, plan_within: Callable[[
 
 
 def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: float,
-              shown: Progress) -> tuple[ExportedGraph, RuleTables, SaturationReport, list[int], str | None]:
-    """The rule tables, the saturated e-graph exported for extraction, each value's space, and
-    why the exact integer program will not run where it was asked for (None if it will)."""
+              shown: Progress) -> tuple[ExportedGraph, RuleTables, SaturationReport, list[int], str, str | None]:
+    """The rule tables, the saturated e-graph exported for extraction, each value's space, the
+    extraction method the e-graph allows, and why the exact integer program will not run where
+    it was asked for (None if it will)."""
     method = req.extraction
     rulesets = [r for r in req.rules if not isinstance(r, Rewrite)]
     run = EGraphRun(program, spaces)
@@ -334,7 +334,7 @@ def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: flo
         run.close()
     if tables.fallbacks:
         warnings.warn(_fallback_message(program.name, tables.fallbacks), FallbackWarning, stacklevel=6)
-    return graph, tables, sat, run.value_space, skipped
+    return graph, tables, sat, run.value_space, method, skipped
 
 
 def _problem(program: Program, graph: ExportedGraph, spaces: SpaceTable, tables: RuleTables, model: CostModel,
@@ -392,8 +392,6 @@ def _extract(req: _Request, policy: SearchPolicy, problem: Problem, node_cost: n
     """The best plan the policy's search finds, within the memory limit where there is one."""
     limits = req.limits
     try:
-        if policy.method not in METHODS:
-            raise InvalidArgumentError(f"extraction must be 'auto', 'greedy' or 'exact', got {policy.method!r}.")
         extraction = full_roots(best_plan(problem, node_cost, deadline, policy))
         memory = None
         if limit is not None:

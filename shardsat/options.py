@@ -23,11 +23,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .checks import integer, is_bool, optional_bool_problem, real
 from .egraph.rewrite import Rewrite
 from .errors import InvalidArgumentError
+from .extract.policy import METHODS
 from .extract.profile import PRESETS, DeviceProfile, is_profile_path
 from .limits import Limits
 
 FALLBACKS = (None, "replicate", "error")
-EXTRACTIONS = ("auto", "greedy", "exact")
 MULTIHOST = ("check", "share")
 UNCONSTRAINED = PartitionSpec.UNCONSTRAINED
 
@@ -58,7 +58,7 @@ def check_options(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
     bad = memory_limit_problem(memory_limit)
     if bad:
         problems.append(bad)
-    if extraction not in EXTRACTIONS:
+    if extraction not in METHODS:
         problems.append(f"extraction must be 'auto', 'greedy' or 'exact', got {extraction!r}.")
     for label, flag in (("progress", progress), ("fold_loops", fold_loops)):
         bad = optional_bool_problem(label, flag)

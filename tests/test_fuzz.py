@@ -131,3 +131,21 @@ def test_a_mismatch_within_the_programs_own_conditioning_is_not_a_mismatch() -> 
     want = jax.jit(case.fn)(*x)
     assert not _within_conditioning(case, mesh, want, np.asarray(want) * (1 + 1e-3), "float32")
     assert _within_conditioning(case, mesh, want, np.asarray(want), "float32")
+
+
+def test_a_lower_bound_above_the_plan_is_a_mismatch(monkeypatch) -> None:
+    """The campaign checks the plan's report too: a lower bound above the plan's own cost is a
+    false claim (extract/splitbound.py's multipliers must keep it below every plan)."""
+    import shardsat
+    from fuzz import execute
+
+    real = shardsat.saturate_and_extract
+
+    def inflated(*args, **kwargs):
+        plan = real(*args, **kwargs)
+        plan.report.lower_bound_s = plan.cost.total_s * 1.01
+        return plan
+
+    monkeypatch.setattr(execute.shardsat, "saturate_and_extract", inflated)
+    out = run_case(FIRST_SEED)
+    assert out.outcome == "mismatch" and "lower bound" in out.reason, (out.outcome, out.reason)

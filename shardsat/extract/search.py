@@ -192,10 +192,7 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
         for fam, freed in sorted(done, key=lambda d: d[1].total_s)[:policy.family_released]:
             if time.perf_counter() >= deadline:
                 break
-            polished = ex.resume(freed, p.roots, deadline=deadline, explain=False)
-            for cand in (freed, polished):
-                if cand.total_s < best.total_s - EPS:
-                    best, origin = cand, fam.name
+            best, origin = _cheaper(best, origin, fam, freed, ex.resume(freed, p.roots, deadline=deadline, explain=False))
     if origin is not None:
         best.notes.append(f"started from the {origin} layout family")
         best.gap = best.exact_status = None  # they were of another plan
@@ -208,7 +205,13 @@ def _release(p: Problem, ex: Extractor, best: Extraction, origin: str | None, fa
     if pinned is None:
         return best, origin
     freed = ex.release(pinned, p.roots, deadline, p.place_pins, p.ties) if pinned.state else pinned
-    for cand in (pinned, freed):
+    return _cheaper(best, origin, fam, pinned, freed)
+
+
+def _cheaper(best: Extraction, origin: str | None, fam: Family, *candidates: Extraction
+             ) -> tuple[Extraction, str | None]:
+    """The cheapest of `best` and a family's plans (by more than EPS), and the family it started from."""
+    for cand in candidates:
         if cand.total_s < best.total_s - EPS:
             best, origin = cand, fam.name
     return best, origin
