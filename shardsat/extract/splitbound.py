@@ -97,9 +97,8 @@ def split_bound(ex: Extractor, roots: Roots, passes: int = 2, ties: Sequence[tup
                 rounds: int = ROUNDS) -> float:
     """The split bound (0.0 where a group's space is unknown), every plan's placements within
     `pins`; with `ties` (input group, root index), the best of `rounds` multiplier vectors, each
-    round's set from the last: lam(l) is what the root's share costs more in l than in the
-    plan's layout of the input (else than at its cheapest), the price at which returning the
-    state in l stops paying."""
+    round's set from the last (_next_multipliers), and from the second round on the plan's
+    shares for the tied inputs where they are worth more (_plan_shares)."""
     sg = ex.graph
     reads = _Reads.of(sg, roots)
     tied = _tied_inputs(sg, roots, ties)
@@ -123,8 +122,9 @@ def _tied_inputs(sg: SearchGraph, roots: Roots, ties: Sequence[tuple[int, int]])
     out: dict[int, int] = {}
     for h, r in ties:
         grp = roots[r][0]
-        if h not in out.values() and r not in out and (sg.group_key[h] == sg.group_key[grp] and sg.group_key[h] in sg.paths
-                and sg.prod_any[h] and all(int(kinds[n]) == _PLACE for n in sg.prod_any[h])):
+        placed = bool(sg.prod_any[h]) and all(int(kinds[n]) == _PLACE for n in sg.prod_any[h])
+        same_space = sg.group_key[h] == sg.group_key[grp] and sg.group_key[h] in sg.paths
+        if placed and same_space and h not in out.values() and r not in out:
             out[r] = h
     return out
 
@@ -222,8 +222,10 @@ def _allowed(sg: SearchGraph, grp: int, lays: frozenset[int] | None) -> list[int
 
 def _next_multipliers(sg: SearchGraph, tied: dict[int, int], root_share: dict[int, np.ndarray],
                       plan: Extraction | None) -> dict[int, np.ndarray]:
-    """lam per tied input: how much more its root's share costs per layout than at the plan's
-    layout of the input (else the root's cheapest); 0 where the root cannot be."""
+    """lam per tied input: what its root's share costs more (or less) per layout than at the
+    plan's layout of the input (else at the root's cheapest), so that returning the state
+    anywhere else stops paying; shifted to be >= 0 (a constant added to both sides of a tie
+    changes nothing), and the shift where the root cannot be."""
     lam: dict[int, np.ndarray] = {}
     for r, h in tied.items():
         share = root_share.get(r)
@@ -266,7 +268,7 @@ def _plan_reads(sg: SearchGraph, roots: Roots, plan: Extraction, h: int, copy: i
     sp = sg.paths[sg.group_key[h]]
     if copy >= 0:
         ch = plan.choices.get(copy)
-        return [sp.index[lay] for g, lay in sg.kid_gl[ch.node] if g == h] if ch is not None else []
+        return [sp.index[lay] for g, lay in sg.kid_gl.get(ch.node, ()) if g == h] if ch is not None else []
     ok = _allowed(sg, h, roots[-1 - copy][1])
     at = sp.index[plan.choices[h].layout]
     return [min(ok, key=lambda j: sp.dist[at, j])] if ok else []
