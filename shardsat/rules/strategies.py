@@ -92,6 +92,9 @@ class _Enumeration:
     groups: list[tuple[int, ...]]  # the linear operand groups with no literal operand
     operand_sets: list[frozenset[int] | None]  # None for literal operands
     result_sets: list[frozenset[int]]
+    # (tensor, the axes of its factors, pending axes) -> layout id, -1 for no layout: most
+    # choices differ only in factors a given tensor does not have
+    memo: dict[tuple[object, ...], int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, sig: FactorSignature, mesh: MeshAxes, spaces: SpaceTable,
@@ -139,12 +142,14 @@ class _Enumeration:
         """The interned layout of each (tensor, pending-sum axes, allowed layouts) in order; None
         at the first that is no layout or not one its space allows."""
         ids: list[int] = []
+        factors = a.factors
         for tensor, partial, allowed in tensors:
-            lay = _layout(tensor, a.factors, self.sizes, self.mesh.sizes, partial)
-            if lay is None:
-                return None
-            lid = self.spaces.layouts.intern(lay)
-            if lid not in allowed:
+            key = (tensor, tuple(tuple(factors.get(f, ())) for fs in tensor for f in fs), partial)
+            lid = self.memo.get(key)
+            if lid is None:
+                lay = _layout(tensor, factors, self.sizes, self.mesh.sizes, partial)
+                lid = self.memo[key] = -1 if lay is None else self.spaces.layouts.intern(lay)
+            if lid < 0 or lid not in allowed:
                 return None
             ids.append(lid)
         return ids
@@ -160,6 +165,15 @@ class _Enumeration:
         reduced = tuple(sorted({x for f in self.sig.reduction for x in a.factors.get(f, [])} | set(a.carried)))
         for r, tensor in enumerate(self.sig.results):
             yield tensor, reduced, self.result_sets[r]
+
+
+def structure_key(sig: FactorSignature, operand_spaces: Sequence[Space | None],
+                  result_spaces: Sequence[Space]) -> tuple[object, ...]:
+    """What `enumerate_strategies` depends on: the signature but its name, flops and notes, and
+    the spaces."""
+    return (sig.operands, sig.results, tuple(sorted(sig.sizes.items())), sig.reduction, sig.need_replication,
+            sig.linear, tuple(None if sp is None else sp.id for sp in operand_spaces),
+            tuple(sp.id for sp in result_spaces))
 
 
 def enumerate_strategies(
