@@ -9,6 +9,7 @@ Layouts are interned to small integers so the e-graph can carry them as `i64`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ class MeshAxes:
         sizes = tuple(int(mesh.shape[n]) for n in names)
         return MeshAxes(names, sizes)
 
-    @property
+    @functools.cached_property
     def active(self) -> tuple[int, ...]:
         return tuple(i for i, s in enumerate(self.sizes) if s > 1)
 
@@ -134,7 +135,8 @@ class LayoutTable:
 
 @dataclass(frozen=True)
 class Space:
-    """The layouts of all values with one (shape, dtype)."""
+    """The layouts of all values with one (shape, dtype); or of those a prior narrowed to the same
+    subset of them (`SpaceTable.narrow`)."""
 
     id: int
     shape: tuple[int, ...]
@@ -191,6 +193,9 @@ class SpaceTable:
     ids: dict[tuple[tuple[int, ...], str], int] = field(default_factory=dict)
     _bytes: dict[tuple[int, int], int] = field(default_factory=dict)
     _fast: dict[tuple[Any, Any], int] = field(default_factory=dict)
+    # values whose layouts a prior narrowed (egraph/narrow.py): value id -> its own space
+    value_spaces: dict[int, Space] = field(default_factory=dict)
+    _narrowed: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict)
 
     def space(self, shape: tuple[int, ...], dtype: Any) -> Space:
         try:  # by the dtype object first: str(np.dtype) runs Python code, and this is hot
@@ -208,6 +213,29 @@ class SpaceTable:
             self.ids[key] = sid
         with contextlib.suppress(TypeError):
             self._fast[(shape, dtype)] = sid
+        return self.spaces[sid]
+
+    def of_value(self, vid: int, shape: tuple[int, ...], dtype: Any) -> Space:
+        """The space of one program value: its narrowed space if a prior narrowed it, else the
+        space of its shape and dtype."""
+        sp = self.value_spaces.get(vid)
+        return sp if sp is not None else self.space(shape, dtype)
+
+    def narrow(self, vid: int, shape: tuple[int, ...], dtype: Any, keep: frozenset[int]) -> Space:
+        """Give value `vid` only the layouts of its space in `keep` (replicated always stays, and
+        first). Values narrowed to the same layouts share one space, so equal computations still
+        hash-cons."""
+        base = self.space(shape, dtype)
+        lids = tuple(lid for i, lid in enumerate(base.layouts) if i == 0 or lid in keep)
+        if len(lids) == len(base.layouts):
+            self.value_spaces.pop(vid, None)
+            return base
+        sid = self._narrowed.get((base.id, lids))
+        if sid is None:
+            sid = len(self.spaces)
+            self.spaces.append(Space(sid, base.shape, base.dtype, lids))
+            self._narrowed[(base.id, lids)] = sid
+        self.value_spaces[vid] = self.spaces[sid]
         return self.spaces[sid]
 
     def shard_bytes(self, space: Space, lid: int) -> int:

@@ -76,6 +76,7 @@ class SaturationReport:
     load_seconds: float = 0.0
     nodes_per_iteration: list[int] = field(default_factory=list)
     matches_per_rule: dict[str, int] = field(default_factory=dict)
+    narrowed: int = 0  # (value, layout) pairs a prior left out before saturation (egraph/narrow.py)
 
     @property
     def nodes(self) -> int:
@@ -92,7 +93,7 @@ class EGraphRun:
         self._tmp = tempfile.TemporaryDirectory(prefix="shardsat-")
         self._loaded = 0
         self.value_space: list[int] = [
-            spaces.space(v.shape, v.dtype).id for v in program.values
+            spaces.of_value(vid, v.shape, v.dtype).id for vid, v in enumerate(program.values)
         ]
         self.keys: dict[int, str] = {}  # value id -> key of its defining equation output
         self._ref_ids: set[int] = set()

@@ -8,7 +8,7 @@ hash-cons into one e-class.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from egglog import Ruleset
@@ -26,7 +26,7 @@ from .primitives import EqnTypes, replicated
 from .registry import rule_for
 from .reshard import ReshardEdge, reshard_edges
 from .signature import FactorSignature
-from .strategies import Strategy, enumerate_strategies
+from .strategies import Strategy, enumerate_strategies, structure_key
 
 
 @dataclass
@@ -109,17 +109,27 @@ def signature_for(eqn: Equation, t: EqnTypes, fallback: str) -> tuple[FactorSign
 
 
 def _key_info(key: str, eqn: Equation, t: EqnTypes, op_spaces: tuple[Space | None, ...],
-              res_spaces: tuple[Space, ...], spaces: SpaceTable, fallback: str) -> KeyInfo:
+              res_spaces: tuple[Space, ...], spaces: SpaceTable, fallback: str,
+              seen: dict[tuple[object, ...], list[Strategy]]) -> KeyInfo:
     """Signature and strategies of one equation kind; a rule that fails while its strategies are
-    enumerated falls back like one that fails to build."""
+    enumerated falls back like one that fails to build. `seen`: strategies by signature structure
+    and spaces (an add and a mul of the same shapes have the same ones)."""
     sig, why = signature_for(eqn, t, fallback)
+
+    def strategies_of(sig: FactorSignature) -> list[Strategy]:
+        skey = structure_key(sig, op_spaces, res_spaces)
+        hit = seen.get(skey)
+        if hit is None:
+            hit = seen[skey] = enumerate_strategies(sig, spaces.mesh, spaces, op_spaces, res_spaces)
+        return hit
+
     try:
-        strategies = enumerate_strategies(sig, spaces.mesh, spaces, op_spaces, res_spaces)
+        strategies = strategies_of(sig)
     except Exception as e:
         if fallback != "replicate" or why is not None:
             raise
         sig, why = replicated(t), f"its sharding rule does not apply to these operands: {type(e).__name__}: {e}"
-        strategies = enumerate_strategies(sig, spaces.mesh, spaces, op_spaces, res_spaces)
+        strategies = strategies_of(sig)
     return KeyInfo(key, eqn.index, sig, strategies, op_spaces, res_spaces, why is not None, why)
 
 
@@ -149,22 +159,34 @@ def _constraint_filter(eqn: Equation, pin: str, info: KeyInfo, spaces: SpaceTabl
     info.strategies = [st for st in info.strategies if ok(st.outs[0])]
 
 
-def build_tables(prog: Program, spaces: SpaceTable, fallback: str) -> RuleTables:
+def build_tables(prog: Program, spaces: SpaceTable, fallback: str, base: dict[str, KeyInfo] | None = None,
+                 edges: bool = True) -> RuleTables:
+    """The strategy rows of every equation kind and the resharding rows of every space in use.
+    Where a prior narrowed values' spaces, an equation kind is also keyed by its spaces, and its
+    strategies are those of the whole spaces' kind (from `base`, if given) whose layouts remain."""
     mesh: MeshAxes = spaces.mesh
     tables = RuleTables()
     problems: list[str] = []
-    value_space = [spaces.space(v.shape, v.dtype) for v in prog.values]
+    whole: dict[str, KeyInfo] = dict(base or {})
+    seen: dict[tuple[object, ...], list[Strategy]] = {}
+    value_space = [spaces.of_value(vid, v.shape, v.dtype) for vid, v in enumerate(prog.values)]
     for eqn in prog.equations:
         t = _eqn_types(prog, eqn)
-        key = _content_key(eqn, t)
+        content = _content_key(eqn, t)
+        op_spaces = tuple(None if isinstance(a, Literal) else value_space[a] for a in eqn.inputs)
+        res_spaces = tuple(value_space[o] for o in eqn.outputs)
+        narrowed = any(sp is not None and sp.id != spaces.space(sp.shape, sp.dtype).id
+                       for sp in op_spaces + res_spaces)
+        key = content + "@" + ",".join("-" if sp is None else str(sp.id) for sp in op_spaces + res_spaces) \
+            if narrowed else content
         info = tables.keys.get(key)
         if info is None:
-            op_spaces = tuple(None if isinstance(a, Literal) else value_space[a] for a in eqn.inputs)
-            res_spaces = tuple(value_space[o] for o in eqn.outputs)
-            info = _key_info(key, eqn, t, op_spaces, res_spaces, spaces, fallback)
-            pin = rule_for(eqn.primitive).pin
-            if pin is not None:
-                _constraint_filter(eqn, pin, info, spaces, problems)
+            info = whole.get(content)
+            if info is None:
+                info = _whole_info(content, eqn, t, prog, spaces, fallback, problems, seen)
+                whole[content] = info
+            if narrowed:
+                info = _narrowed_info(key, info, op_spaces, res_spaces)
             tables.keys[key] = info
         if info.fallback:
             tables.fallbacks.append(Fallback(eqn.index, eqn.name, eqn.source, info.why or ""))
@@ -176,9 +198,36 @@ def build_tables(prog: Program, spaces: SpaceTable, fallback: str) -> RuleTables
             f"Sharding constraints inside `{prog.name}` cannot hold on mesh ({names}):\n" + "\n".join(problems)
             + "\nConsider specs whose axes divide the constrained dimensions, in mesh order."
         )
-    for sp in list(spaces.spaces):
-        tables.edges[sp.id] = reshard_edges(sp, spaces)
+    if edges:
+        used = {sp.id for sp in value_space} if spaces.value_spaces else None
+        for sp in list(spaces.spaces):
+            if used is None or sp.id in used:
+                tables.edges[sp.id] = reshard_edges(sp, spaces)
     return tables
+
+
+def _whole_info(key: str, eqn: Equation, t: EqnTypes, prog: Program, spaces: SpaceTable, fallback: str,
+                problems: list[str], seen: dict[tuple[object, ...], list[Strategy]]) -> KeyInfo:
+    """An equation kind over the whole spaces of its operand and result types."""
+    op_spaces = tuple(None if isinstance(a, Literal) else spaces.space(prog.values[a].shape, prog.values[a].dtype)
+                      for a in eqn.inputs)
+    res_spaces = tuple(spaces.space(prog.values[o].shape, prog.values[o].dtype) for o in eqn.outputs)
+    info = _key_info(key, eqn, t, op_spaces, res_spaces, spaces, fallback, seen)
+    pin = rule_for(eqn.primitive).pin
+    if pin is not None:
+        _constraint_filter(eqn, pin, info, spaces, problems)
+    return info
+
+
+def _narrowed_info(key: str, info: KeyInfo, op_spaces: tuple[Space | None, ...],
+                   res_spaces: tuple[Space, ...]) -> KeyInfo:
+    """The strategies of `info` whose operand and result layouts the narrowed spaces hold."""
+    ins = [frozenset(sp.layouts) for sp in op_spaces if sp is not None]
+    outs = [frozenset(sp.layouts) for sp in res_spaces]
+    kept = [st for st in info.strategies
+            if all(lid in m for lid, m in zip(st.ins, ins, strict=True))
+            and all(lid in m for lid, m in zip(st.outs, outs, strict=True))]
+    return replace(info, key=key, strategies=kept, operand_spaces=op_spaces, result_spaces=res_spaces)
 
 
 def load_tables(run: EGraphRun, tables: RuleTables) -> None:
@@ -213,12 +262,14 @@ def grow(
     deadline: float,
     extra: Sequence[Ruleset] = (),
     on_iteration: Any = None,
+    base: dict[str, KeyInfo] | None = None,
 ) -> tuple[RuleTables, SaturationReport]:
-    """Compute the rule tables of the program, load them, and saturate."""
+    """Compute the rule tables of the program (from `base`'s, the whole spaces' equation kinds,
+    where given), load them, and saturate."""
     import time
 
     t0 = time.perf_counter()
-    tables = build_tables(run.program, run.spaces, fallback)
+    tables = build_tables(run.program, run.spaces, fallback, base)
     run.load_program(lambda vid: tables.output_key[vid])
     load_tables(run, tables)
     load_s = time.perf_counter() - t0
