@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 
 from .egraph.export import ExportedGraph, export
 from .egraph.layout import MeshAxes, SpaceTable
+from .egraph.narrow import narrow_spaces
 from .egraph.program import Literal, Program
 from .egraph.rewrite import Rewrite
 from .egraph.run import EGraphRun, SaturationReport
@@ -27,8 +28,9 @@ from .extract.cost import CostModel
 from .extract.families import families
 from .extract.memory import MemoryEstimate, MemoryModel
 from .extract.plancost import cost_plan
-from .extract.policy import SearchPolicy, exact_method, runs_exact
+from .extract.policy import NARROW_PAIRS, NARROW_WIDTH, SearchPolicy, exact_method, runs_exact
 from .extract.profile import DeviceProfile, get_profile
+from .extract.propagate import propagated_layouts
 from .extract.result import Extraction
 from .extract.search import MemoryNotMetError, Problem, best_plan, fit_memory
 from .extract.seeds import seeds
@@ -41,7 +43,7 @@ from .prepare import FOLD_AUTO_EQUATIONS as FOLD_AUTO_EQUATIONS  # re-exported: 
 from .prepare import Prepared, prepare
 from .prepare import fold_threshold as fold_threshold
 from .progress import Progress
-from .rules.apply import Fallback, RuleTables, grow
+from .rules.apply import Fallback, RuleTables, build_tables, grow
 from .runtime.jsonout import to_json
 from .runtime.multihost import agree, share_plan, spans_processes
 from .runtime.plan import Plan, Report
@@ -67,12 +69,14 @@ class _Request:
     extraction: str
     progress: bool | None
     fold_loops: bool | None
+    priors: str | None
 
     def cache_key(self, prepared: Prepared) -> str:
         return cache_key(prepared.fingerprint.digest, self.mesh, self.profile, limits=self.limits,
                          fallback=self.fallback, rules=self.rules, in_shardings=self.in_shardings,
                          out_shardings=self.out_shardings, state_argnums=self.state_argnums,
-                         memory_limit=self.memory_limit, extraction=self.extraction, fold_loops=self.fold_loops)
+                         memory_limit=self.memory_limit, extraction=self.extraction, fold_loops=self.fold_loops,
+                         priors=self.priors)
 
 
 def _check_entry(mesh: Any, multihost: str) -> None:
@@ -104,6 +108,7 @@ def saturate_and_extract(
     strict: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     multihost: str = "check",
+    priors: str | None = "auto",
 ) -> Plan:
     """Plan how to shard `fn(*example_args)` over `mesh`.
 
@@ -147,6 +152,8 @@ def saturate_and_extract(
       default) plans in every process and compares the plans' fingerprints, raising a
       ShardsatError if they differ (instead of running different programs, which hangs); "share"
       plans in process 0 only and the others load its plan. Every process must call this.
+    priors: "auto": narrow each value's layouts to the standard families' where the e-graph would
+      be too big (4-axis meshes; plan.report.narrowed); "families": always; None: never.
     """
     with _collector_paused():
         _check_entry(mesh, multihost)
@@ -154,7 +161,7 @@ def saturate_and_extract(
             _plan_checked, fn, mesh, example_args, cache_dir, strict, profile=profile, limits=limits,
             fallback=fallback, rules=rules, in_shardings=in_shardings, out_shardings=out_shardings,
             state_argnums=state_argnums, memory_limit=memory_limit, extraction=extraction, progress=progress,
-            fold_loops=fold_loops)
+            fold_loops=fold_loops, priors=priors)
         # several processes: every one of them must reach the exchange, also with an error
         if not spans_processes(mesh):
             return plan_here()
@@ -215,13 +222,29 @@ def _plan_cached(req: _Request, cache_dir: str | os.PathLike[str] | None) -> Pla
 
 
 def _plan(req: _Request, prepared: Prepared, start: float, shown: Progress) -> Plan:
+    """Plan; where a prior narrowed the layouts and the narrowed e-graph holds no plan (or none
+    within memory_limit), plan again with every layout."""
+    try:
+        return _plan_in(req, prepared, start, shown)
+    except NoPlanError as narrowed:
+        rulesets = [r for r in req.rules if not isinstance(r, Rewrite)]
+        if not _narrows(req, prepared.program, SpaceTable(MeshAxes.from_mesh(req.mesh)), rulesets):
+            raise
+        try:
+            return _plan_in(replace(req, priors=None), prepared, start, shown)
+        except NoPlanError:  # the whole e-graph has none either (or passes a limit): say why the first failed
+            raise narrowed from None
+
+
+def _plan_in(req: _Request, prepared: Prepared, start: float, shown: Progress) -> Plan:
     limits, prof, program = req.limits, req.profile, prepared.program
     limit = _memory_limit(req.memory_limit, prof)
     deadline = start + limits.seconds
     spaces = SpaceTable(MeshAxes.from_mesh(req.mesh))
     arg_pins, out_pins = resolve_pins(program, spaces, req.in_shardings, req.out_shardings, program.name)
     tie_pairs = resolve_ties(program, req.state_argnums, program.name)
-    graph, tables, sat, value_space, method, skipped = _saturate(req, program, spaces, deadline, shown)
+    graph, tables, sat, value_space, method, skipped = _saturate(req, program, spaces, deadline, shown, tie_pairs,
+                                                                 _pinned(program, arg_pins, out_pins))
     t1 = time.perf_counter()
     policy = SearchPolicy.derive(method, graph.size, len(spaces.mesh.active), limits.exact_seconds)
     model = CostModel(prof, spaces, tables)
@@ -279,6 +302,7 @@ def _report(prepared: Prepared, sat: SaturationReport, graph: ExportedGraph, tab
         exact_status=extraction.exact_status or skipped,
         equations=len(prepared.program.equations),
         fallbacks=[str(f) for f in tables.fallbacks],
+        narrowed=sat.narrowed,
     )
 
 
@@ -311,18 +335,32 @@ def _fit_compiled(plan: Plan, limit: int, req: _Request, plan_within: Callable[[
     return plan
 
 
-def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: float,
-              shown: Progress) -> tuple[ExportedGraph, RuleTables, SaturationReport, list[int], str, str | None]:
+def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: float, shown: Progress,
+              tie_pairs: list[tuple[int, int]], pinned: dict[int, frozenset[int]],
+              ) -> tuple[ExportedGraph, RuleTables, SaturationReport, list[int], str, str | None]:
     """The rule tables, the saturated e-graph exported for extraction, each value's space, the
     extraction method the e-graph allows, and why the exact integer program will not run where
-    it was asked for (None if it will)."""
+    it was asked for (None if it will). `pinned`: the layouts pins allow each value, which a
+    prior never leaves out."""
     method = req.extraction
     rulesets = [r for r in req.rules if not isinstance(r, Rewrite)]
+    base, narrowed, t0 = None, 0, time.perf_counter()
+    if _narrows(req, program, spaces, rulesets):
+        shown.update("narrowing", "layouts by the standard families")
+        base = build_tables(program, spaces, req.fallback, edges=False)
+        keep = propagated_layouts(program, spaces, base, CostModel(req.profile, spaces, base), tie_pairs,
+                                  NARROW_WIDTH)
+        for vid, lids in pinned.items():
+            keep[vid].update(lids)
+        narrowed = narrow_spaces(program, spaces, keep, _together(program, tie_pairs))
+    narrow_s = time.perf_counter() - t0
     run = EGraphRun(program, spaces)
     skipped = None  # why the exact integer program did not run, where it was asked for
     try:
         tables, sat = grow(run, fallback=req.fallback, limits=req.limits, deadline=deadline, extra=rulesets,
+                           base=None if base is None else base.keys,
                            on_iteration=lambda it, nodes: shown.update("saturating", f"iteration {it}, {nodes:,} e-nodes"))
+        sat.narrowed, sat.load_seconds = narrowed, sat.load_seconds + narrow_s
         # the integer program needs the resharding e-nodes; the greedy search does not
         method, skipped = exact_method(method, sat.nodes)
         graph = export(run.egraph, reshard=method == "exact")
@@ -333,8 +371,44 @@ def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: flo
     finally:
         run.close()
     if tables.fallbacks:
-        warnings.warn(_fallback_message(program.name, tables.fallbacks), FallbackWarning, stacklevel=6)
+        warnings.warn(_fallback_message(program.name, tables.fallbacks), FallbackWarning, stacklevel=7)
     return graph, tables, sat, run.value_space, method, skipped
+
+
+def _narrows(req: _Request, program: Program, spaces: SpaceTable, rulesets: list[Ruleset]) -> bool:
+    """Whether each value gets only its prior's layouts: with priors="auto", where the program has
+    more (value, layout) pairs than the e-graph budget allows. Never with the user's own egglog
+    rulesets: the values they make have no prior."""
+    if req.priors is None or rulesets or len(spaces.mesh.active) < 2:
+        return False
+    if req.priors == "families":
+        return True
+    pairs = sum(len(spaces.space(v.shape, v.dtype).layouts) for vid, v in enumerate(program.values)
+                if vid not in program.aliases)  # a folded loop's repeats are planned once
+    return pairs > NARROW_PAIRS
+
+
+def _pinned(program: Program, arg_pins: dict[int, frozenset[int]],
+            out_pins: dict[int, frozenset[int]]) -> dict[int, frozenset[int]]:
+    """The layouts in_shardings and out_shardings allow, per value."""
+    out = {program.args[pos]: lids for pos, lids in arg_pins.items()}
+    for pos, lids in out_pins.items():
+        vid = program.outputs[pos]
+        if isinstance(vid, int):
+            out[vid] = out.get(vid, frozenset()) | lids
+    return out
+
+
+def _together(program: Program, tie_pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Values that keep one layout: tied state in and out, a scan's carry with its initial,
+    next and final values."""
+    pairs = [(program.args[a], program.outputs[o]) for a, o in tie_pairs if isinstance(program.outputs[o], int)]
+    for r in program.scans:
+        for k, cin in enumerate(r.carry_in):
+            for atom in (r.init[k], r.carry_out[k], r.final[k] if k < len(r.final) else None):
+                if isinstance(atom, int):
+                    pairs.append((cin, atom))
+    return pairs
 
 
 def _problem(program: Program, graph: ExportedGraph, spaces: SpaceTable, tables: RuleTables, model: CostModel,

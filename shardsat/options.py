@@ -29,13 +29,14 @@ from .limits import Limits
 
 FALLBACKS = (None, "replicate", "error")
 MULTIHOST = ("check", "share")
+PRIORS = ("auto", "families", None)
 UNCONSTRAINED = PartitionSpec.UNCONSTRAINED
 
 
 def check_options(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], *, profile: Any,
                   limits: Any, fallback: Any, rules: Any, in_shardings: Any, out_shardings: Any,
                   state_argnums: Any, memory_limit: Any, extraction: Any, progress: Any,
-                  fold_loops: Any, cache_dir: Any = None) -> None:
+                  fold_loops: Any, cache_dir: Any = None, priors: Any = "auto") -> None:
     """Raise one InvalidArgumentError listing every malformed option (the mesh is checked first)."""
     problems: list[str] = []
     if not callable(fn):
@@ -60,6 +61,9 @@ def check_options(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
         problems.append(bad)
     if extraction not in METHODS:
         problems.append(f"extraction must be 'auto', 'greedy' or 'exact', got {extraction!r}.")
+    if priors not in PRIORS:
+        problems.append(f"priors must be 'auto', 'families' or None, got {priors!r}. Consider priors=None for "
+                        "every layout.")
     for label, flag in (("progress", progress), ("fold_loops", fold_loops)):
         bad = optional_bool_problem(label, flag)
         if bad:

@@ -201,7 +201,7 @@ def _rule_text(r: Any) -> str:
 
 def cache_key(program_digest: str, mesh: Mesh, profile: DeviceProfile, *, limits: Limits, fallback: str,
               rules: Sequence[Any], in_shardings: Any, out_shardings: Any, state_argnums: Any, memory_limit: Any,
-              extraction: str, fold_loops: bool | None) -> str:
+              extraction: str, fold_loops: bool | None, priors: str | None = "auto") -> str:
     """A digest of everything a plan depends on (program, mesh, profile, options)."""
     axes = MeshAxes.from_mesh(mesh)
     parts = {
@@ -211,6 +211,8 @@ def cache_key(program_digest: str, mesh: Mesh, profile: DeviceProfile, *, limits
         "out": _pins_text(out_shardings), "state": repr(state_argnums), "memory": repr(memory_limit),
         "extraction": extraction, "fold": repr(fold_loops),
     }
+    if priors != "auto":  # keys of plans saved before the option stay the same
+        parts["priors"] = repr(priors)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

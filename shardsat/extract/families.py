@@ -110,6 +110,14 @@ class _Builder:
             return _split(shape, dims[:1], [first], self.spaces)
         return _split(shape, dims[:2], [first, second], self.spaces)
 
+    def nth(self, pos: int, axes: tuple[int, ...], j: int) -> Layout:
+        """`axes` on the j-th largest dimension (the smallest, if fewer)."""
+        shape = self.shape(pos)
+        dims = _by_size(shape)
+        if not dims:
+            return Layout.replicated(0)
+        return _split(shape, [dims[min(j, len(dims) - 1)]], [axes], self.spaces)
+
     def whole(self, pos: int) -> Layout:
         return Layout.replicated(len(self.shape(pos)))
 
@@ -143,6 +151,23 @@ def family_layouts(program: Program, spaces: SpaceTable, ties: list[tuple[int, i
         if all(layouts != seen for _, seen in unique):
             unique.append((name, layouts))
     return unique
+
+
+def state_variants(program: Program, spaces: SpaceTable, ties: list[tuple[int, int]]) -> list[dict[int, Layout]]:
+    """ZeRO-1 and FSDP over every axis with the state split on its second, third, ... largest
+    dimension instead of its largest (flat argument position -> layout): the families pick one
+    dimension, and an update can be cheaper on another (a 2x2x2 GPT step's optimizer state on its
+    head dimension)."""
+    r = roles(program, ties)
+    b = _Builder(program, spaces)
+    every = spaces.mesh.active
+    batch = {a: b.batch(a, every) for a in r.batch}
+    out: list[dict[int, Layout]] = []
+    rank = max((len(b.shape(a)) for a in r.weights + r.state), default=0)
+    for j in range(1, rank):
+        out.append(batch | {a: b.whole(a) for a in r.weights} | {a: b.nth(a, every, j) for a in r.state})
+        out.append(batch | {a: b.nth(a, every, j) for a in r.weights + r.state})
+    return out
 
 
 def _prior(name: str, axes: int) -> int:
@@ -181,8 +206,9 @@ def families(program: Program, graph: ExportedGraph, spaces: SpaceTable, ties: l
                 continue
             v = program.values[program.args[pos]]
             lid = spaces.layouts.intern(lay)
-            if lid not in spaces.space(v.shape, v.dtype).layouts:
-                lid = spaces.space(v.shape, v.dtype).layouts[0]
+            space = spaces.of_value(program.args[pos], v.shape, v.dtype)
+            if lid not in space.layouts:
+                lid = space.layouts[0]
             if pins.setdefault(grp, frozenset({lid})) != frozenset({lid}):
                 break
         else:

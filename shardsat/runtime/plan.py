@@ -52,6 +52,8 @@ class Report:
     # took to trace and restore; the fields above describe the search that made it
     loaded_from: str | None = None
     load_s: float = 0.0
+    # (value, layout) pairs the prior left out of the e-graph (priors=; egraph/narrow.py)
+    narrowed: int = 0
 
     @property
     def total_s(self) -> float:
@@ -70,6 +72,8 @@ class Report:
         )
         if self.memory_limit is not None:
             s += f"; memory limit {self.memory_limit:,} B per device, headroom {self.memory_headroom:,} B"
+        if self.narrowed:
+            s += f"; {self.narrowed:,} (value, layout) pairs left out by the prior"
         if self.fallbacks:
             s += f"; replicated by fallback: {', '.join(self.fallbacks)}"
         if self.loaded_from is not None:

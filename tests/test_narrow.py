@@ -1,0 +1,122 @@
+"""Narrowing by a prior (priors=): fewer layouts per value, the same program computed."""
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from helpers import assert_equivalent
+from jax.sharding import PartitionSpec as P
+
+import shardsat
+import shardsat.api as api
+from shardsat.egraph.layout import Layout, MeshAxes, SpaceTable
+from shardsat.egraph.narrow import fewer_axes, narrow_spaces
+from shardsat.prepare import prepare
+
+
+@pytest.fixture(scope="module")
+def mesh222():
+    return jax.make_mesh((2, 2, 2), ("data", "fsdp", "model"))
+
+
+def mlp_step():
+    """A 3-layer MLP AdamW step: (params, opt_state), batch -> (params, opt_state), loss."""
+    opt = optax.adamw(1e-2)
+
+    def loss(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x * x)
+
+    def step(state, x):
+        ws, st = state
+        val, g = jax.value_and_grad(loss)(ws, x)
+        upd, st = opt.update(g, st, ws)
+        return (optax.apply_updates(ws, upd), st), val
+
+    key = jax.random.PRNGKey(0)
+    ws = [jax.random.normal(jax.random.fold_in(key, i), (64, 64)) * 0.2 for i in range(3)]
+    x = jax.random.normal(key, (32, 64))
+    return step, (ws, opt.init(ws)), x
+
+
+def test_fewer_axes_is_every_subset_in_mesh_order():
+    lay = Layout(((0, 2), (), (1,)), (3,))
+    got = fewer_axes(lay)
+    assert len(got) == 2 ** 4
+    assert Layout(((), (), ()), ()) in got
+    assert Layout(((2,), (), ()), (3,)) in got
+    assert all(tuple(sorted(d)) == d for g in got for d in g.dims)
+
+
+def test_narrowed_values_keep_replicated_first_and_tied_values_share(mesh222):
+    prog = prepare(lambda a, b: (a + 1.0, b * 2.0), mesh222, (jnp.ones((8, 8)), jnp.ones((8, 8))), (), False).program
+    spaces = SpaceTable(MeshAxes.from_mesh(mesh222))
+    a, b = prog.args
+    out_b = prog.outputs[1]
+    f32 = prog.values[a].dtype
+    split = spaces.layouts.intern(Layout(((0, 1), ()), ()))
+    other = spaces.layouts.intern(Layout(((), (2,)), ()))
+    removed = narrow_spaces(prog, spaces, {a: {split}, out_b: {other}}, together=[(b, out_b)])
+    whole = spaces.space((8, 8), f32)
+    sa, sb, so = (spaces.of_value(v, (8, 8), f32) for v in (a, b, out_b))
+    assert sa.layouts[0] == whole.layouts[0] and sa.layouts[0] != split
+    assert set(sa.layouts) == {spaces.layouts.intern(x) for x in fewer_axes(spaces.layouts[split])}
+    assert sb is so and other in sb.layouts and split not in sb.layouts
+    assert removed == 3 * len(whole.layouts) - len(sa.layouts) - 2 * len(sb.layouts)
+
+
+def test_families_prior_plans_a_training_step_that_computes_the_same(mesh222):
+    step, state, x = mlp_step()
+    whole = shardsat.saturate_and_extract(step, mesh222, state, x, state_argnums=(0,), priors=None)
+    plan = shardsat.saturate_and_extract(step, mesh222, state, x, state_argnums=(0,), priors="families")
+    assert whole.report.narrowed == 0 and plan.report.narrowed > 0
+    assert "left out by the prior" in str(plan.report)
+    assert plan.report.e_nodes < whole.report.e_nodes
+    assert plan.cost.total_s >= whole.report.lower_bound_s * (1 - 1e-9)
+    assert_equivalent(plan, step, state, x, rtol=1e-4)
+    # the state keeps one layout in and out, as with every layout
+    for (a, o) in plan.ties:
+        assert plan.costed.assignment.arg_layouts[a] == plan.extraction.root_layouts[o]
+
+
+def test_auto_leaves_small_programs_whole(mesh222):
+    step, state, x = mlp_step()
+    plan = shardsat.saturate_and_extract(step, mesh222, state, x, state_argnums=(0,))
+    assert plan.report.narrowed == 0
+
+
+def test_pins_stay_in_the_narrowed_spaces(mesh222):
+    def f(w, x):
+        return jnp.tanh(x @ w) @ w.T
+
+    w, x = jnp.ones((64, 64)) * 0.01, jnp.ones((32, 64))
+    pin = (P(("data", "model"), None), P())  # a layout no family gives w
+    plan = shardsat.saturate_and_extract(f, mesh222, w, x, in_shardings=pin, priors="families")
+    assert plan.report.narrowed > 0
+    assert plan.in_shardings[0].spec == P(("data", "model"))
+    assert_equivalent(plan, f, w, x)
+
+
+def test_a_narrowed_graph_without_a_plan_is_planned_again_whole(mesh222, monkeypatch):
+    """Where the prior leaves out what a pin needs (here: a prior that keeps nothing and pins
+    it cannot see), the plan comes from every layout instead of an error."""
+    def nothing(program, spaces, keep, together=()):
+        return narrow_spaces(program, spaces, dict.fromkeys(range(len(program.values)), ()), together)
+
+    monkeypatch.setattr(api, "narrow_spaces", nothing)
+
+    def f(w, x):
+        return x @ w
+
+    w, x = jnp.ones((64, 64)), jnp.ones((32, 64))
+    plan = shardsat.saturate_and_extract(f, mesh222, w, x, in_shardings=(P(None, "model"), P()),
+                                         priors="families")
+    assert plan.report.narrowed == 0  # planned whole
+    assert plan.in_shardings[0].spec == P(None, "model")
+    assert_equivalent(plan, f, w, x)
+
+
+def test_priors_must_be_known(mesh222):
+    with pytest.raises(shardsat.InvalidArgumentError, match="priors"):
+        shardsat.saturate_and_extract(lambda x: x * 2, mesh222, jnp.ones(8), priors="learned")
