@@ -1,5 +1,6 @@
 """Random planning options of a fuzz case: the mesh (shape, axis names, Auto or Explicit axes),
-how arguments are placed, pins, state_argnums, memory_limit, extraction, fold_loops, fallback.
+how arguments are placed, pins, state_argnums, memory_limit, extraction, fold_loops, fallback,
+priors.
 
 Options are drawn from their own random stream (so changing how programs are drawn does not
 change a seed's options, and the other way round) and only valid ones are drawn: pins whose axes
@@ -42,6 +43,7 @@ class CaseOptions:
     extraction: str | None = None
     fold_loops: bool | None = None
     fallback: str | None = None
+    priors: str | None = "auto"  # "families" narrows every multi-axis case's layouts (egraph/narrow.py)
     # resolved once the program's shapes are known (make_program)
     in_shardings: Any = None
     out_shardings: Any = None
@@ -82,6 +84,8 @@ class CaseOptions:
             kw["extraction"] = self.extraction
         if self.fold_loops is not None:
             kw["fold_loops"] = self.fold_loops
+        if self.priors != "auto":
+            kw["priors"] = self.priors
         return kw
 
     def summary(self) -> str:
@@ -140,6 +144,8 @@ def draw_options(rng: np.random.Generator, *, train: bool, has_opt_state: bool) 
     o.extraction = pick([None, "greedy", "exact", "auto"], [0.4, 0.3, 0.15, 0.15])
     o.fold_loops = pick([None, True, False], [0.6, 0.25, 0.15])
     o.fallback = pick([None, "replicate"], [0.5, 0.5])
+    # drawn last: the options above stay what they were for every seed
+    o.priors = pick(["auto", "families", None], [0.7, 0.25, 0.05]) if n_axes > 1 else "auto"
     if o.state_argnums is not None:
         o.pin_outputs = False  # an output pin on returned state could contradict its input pin
     return o

@@ -46,8 +46,12 @@ def S(*shape: int, dtype: Any = F32) -> jax.ShapeDtypeStruct:
 
 
 def make_mesh(shape: MeshShape) -> Mesh:
-    names = {1: ("data",), 2: ("data", "model"), 3: ("data", "fsdp", "model")}[len(shape)]
-    return jax.make_mesh(shape, names)
+    names = {1: ("data",), 2: ("data", "model"), 3: ("data", "fsdp", "model"),
+             4: ("data", "fsdp", "seq", "model")}[len(shape)]
+    n = 1
+    for s in shape:
+        n *= s
+    return jax.make_mesh(shape, names, devices=jax.devices()[:n])
 
 
 def mesh_label(mesh: Mesh) -> str:

@@ -10,7 +10,9 @@ optimizer state mirrors the parameters):
   columns) split over the tensor-parallel axis, tokens over the other axes;
 - FSDP: each parameter split over every axis on its largest dimension, tokens over every axis;
 - FSDP+TP (meshes with "model"): DP+Megatron plus the data axes on each parameter's largest free
-  dimension.
+  dimension;
+- FSDP+TP+SP (meshes with "seq", 4 axes): FSDP+TP over the data axes but "seq", and the tokens'
+  sequence dimension split over "seq".
 """
 
 from __future__ import annotations
@@ -131,6 +133,11 @@ def experts(mesh: Mesh, params: Any, opt_state: Any) -> dict[str, Any]:
         fsdp_tp = tree_specs(params, lambda p, x: add_fsdp(megatron_spec(leaf_name(p), ax.tp), x, ax.dp,
                                                            ax.dp_size))
         out["FSDP+TP"] = pack(fsdp_tp, tok_dp)
+    if "seq" in mesh.shape:  # DP + FSDP + TP + sequence parallelism: tokens' sequence over "seq"
+        dp = tuple(a for a in ax.dp if a != "seq")
+        size = ax.dp_size // mesh.shape["seq"]
+        params_sp = tree_specs(params, lambda p, x: add_fsdp(megatron_spec(leaf_name(p), ax.tp), x, dp, size))
+        out["FSDP+TP+SP"] = pack(params_sp, P(dp, "seq"))
     return out
 
 
