@@ -120,3 +120,17 @@ def test_a_narrowed_graph_without_a_plan_is_planned_again_whole(mesh222, monkeyp
 def test_priors_must_be_known(mesh222):
     with pytest.raises(shardsat.InvalidArgumentError, match="priors"):
         shardsat.saturate_and_extract(lambda x: x * 2, mesh222, jnp.ones(8), priors="learned")
+
+
+def test_a_narrowed_plan_saves_and_loads(mesh222, tmp_path):
+    """A saved plan names strategies as the whole spaces' tables do: loading rebuilds those."""
+    step, state, x = mlp_step()
+    plan = shardsat.saturate_and_extract(step, mesh222, state, x, state_argnums=(0,), priors="families")
+    assert plan.report.narrowed > 0
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = shardsat.load_plan(path, step, mesh222, state, x)
+    assert loaded.report.loaded_from is not None
+    assert loaded.cost.total_s == pytest.approx(plan.cost.total_s)
+    assert [s.spec for s in jax.tree.leaves(loaded.in_shardings)] == [s.spec for s in jax.tree.leaves(plan.in_shardings)]
+    assert_equivalent(loaded, step, state, x, rtol=1e-4)

@@ -41,6 +41,9 @@ class KeyInfo:
     result_spaces: tuple[Space, ...]
     fallback: bool = False
     why: str | None = None  # why it fell back
+    # over narrowed spaces: the kind over the whole spaces, and each strategy's index there
+    whole_key: str | None = None
+    whole_index: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,14 @@ class RuleTables:
     def info(self, output_key: str) -> tuple[KeyInfo, int]:
         base, _, idx = output_key.rpartition("#")
         return self.keys[base], int(idx)
+
+    def whole(self, output_key: str, strategy: int) -> tuple[str, int]:
+        """The output key and strategy index a local op has in the whole spaces' tables (what a
+        saved plan records: loading rebuilds those)."""
+        info, k = self.info(output_key)
+        if info.whole_key is None:
+            return output_key, strategy
+        return f"{info.whole_key}#{k}", info.whole_index[strategy]
 
 
 def _eqn_types(prog: Program, eqn: Equation) -> EqnTypes:
@@ -224,10 +235,11 @@ def _narrowed_info(key: str, info: KeyInfo, op_spaces: tuple[Space | None, ...],
     """The strategies of `info` whose operand and result layouts the narrowed spaces hold."""
     ins = [frozenset(sp.layouts) for sp in op_spaces if sp is not None]
     outs = [frozenset(sp.layouts) for sp in res_spaces]
-    kept = [st for st in info.strategies
+    kept = [i for i, st in enumerate(info.strategies)
             if all(lid in m for lid, m in zip(st.ins, ins, strict=True))
             and all(lid in m for lid, m in zip(st.outs, outs, strict=True))]
-    return replace(info, key=key, strategies=kept, operand_spaces=op_spaces, result_spaces=res_spaces)
+    return replace(info, key=key, strategies=[info.strategies[i] for i in kept], operand_spaces=op_spaces,
+                   result_spaces=res_spaces, whole_key=info.key, whole_index=tuple(kept))
 
 
 def load_tables(run: EGraphRun, tables: RuleTables) -> None:

@@ -84,7 +84,10 @@ def _decisions(plan: Plan, lay: _Layouts) -> dict[str, Any]:
     for grp in sorted(ex.choices):
         ch = ex.choices[grp]
         steps = [[int(s.kind), lay(s.src), lay(s.dst), [names[a] for a in s.axes], s.dim, s.dim2] for s in ch.steps]
-        choices.append([grp, int(g.node_kind[ch.node]), g.node_key[ch.node], int(g.node_a[ch.node]), lay(ch.layout),
+        key, a = g.node_key[ch.node], int(g.node_a[ch.node])
+        if g.node_kind[ch.node] == NodeKind.LOCAL:  # a narrowed kind's, as the whole spaces' tables have it
+            key, a = plan.tables.whole(key, a)
+        choices.append([grp, int(g.node_kind[ch.node]), key, a, lay(ch.layout),
                         [lay(d) for d in ch.demanded], ch.weight, steps])
     return {
         "groups": [list(map(int, vs)) for vs in g.group_values],
