@@ -32,6 +32,9 @@ class _Kind:
 
 
 class _Propagation:
+    """One program's propagation state: per equation kind its strategies as arrays, and the
+    resharding estimates and choices already made (families and identical layers share them)."""
+
     def __init__(self, program: Program, spaces: SpaceTable, tables: RuleTables, model: CostModel,
                  width: int) -> None:
         self.program, self.spaces, self.tables, self.model, self.width = program, spaces, tables, model, width

@@ -186,8 +186,8 @@ def build_tables(prog: Program, spaces: SpaceTable, fallback: str, base: dict[st
         content = _content_key(eqn, t)
         op_spaces = tuple(None if isinstance(a, Literal) else value_space[a] for a in eqn.inputs)
         res_spaces = tuple(value_space[o] for o in eqn.outputs)
-        narrowed = any(sp is not None and sp.id != spaces.space(sp.shape, sp.dtype).id
-                       for sp in op_spaces + res_spaces)
+        narrowed = bool(spaces.value_spaces) and any(sp is not None and sp.id != spaces.space(sp.shape, sp.dtype).id
+                                                     for sp in op_spaces + res_spaces)
         key = content + "@" + ",".join("-" if sp is None else str(sp.id) for sp in op_spaces + res_spaces) \
             if narrowed else content
         info = tables.keys.get(key)
