@@ -40,6 +40,15 @@ def mlp_step():
     return step, (ws, opt.init(ws)), x
 
 
+@pytest.fixture(scope="module")
+def narrowed_step(mesh222):
+    """The MLP step's arguments and its plan with priors="families" (planned once for the tests
+    that read it)."""
+    step, state, x = mlp_step()
+    plan = shardsat.saturate_and_extract(step, mesh222, state, x, state_argnums=(0,), priors="families")
+    return step, state, x, plan
+
+
 def test_fewer_axes_is_every_subset_in_mesh_order():
     lay = Layout(((0, 2), (), (1,)), (3,))
     got = fewer_axes(lay)
@@ -66,10 +75,9 @@ def test_narrowed_values_keep_replicated_first_and_tied_values_share(mesh222):
     assert removed == 3 * len(whole.layouts) - len(sa.layouts) - 2 * len(sb.layouts)
 
 
-def test_families_prior_plans_a_training_step_that_computes_the_same(mesh222):
-    step, state, x = mlp_step()
+def test_families_prior_plans_a_training_step_that_computes_the_same(mesh222, narrowed_step):
+    step, state, x, plan = narrowed_step
     whole = shardsat.saturate_and_extract(step, mesh222, state, x, state_argnums=(0,), priors=None)
-    plan = shardsat.saturate_and_extract(step, mesh222, state, x, state_argnums=(0,), priors="families")
     assert whole.report.narrowed == 0 and plan.report.narrowed > 0
     assert "left out by the prior" in str(plan.report)
     assert plan.report.e_nodes < whole.report.e_nodes
@@ -122,10 +130,9 @@ def test_priors_must_be_known(mesh222):
         shardsat.saturate_and_extract(lambda x: x * 2, mesh222, jnp.ones(8), priors="learned")
 
 
-def test_a_narrowed_plan_saves_and_loads(mesh222, tmp_path):
+def test_a_narrowed_plan_saves_and_loads(mesh222, narrowed_step, tmp_path):
     """A saved plan names strategies as the whole spaces' tables do: loading rebuilds those."""
-    step, state, x = mlp_step()
-    plan = shardsat.saturate_and_extract(step, mesh222, state, x, state_argnums=(0,), priors="families")
+    step, state, x, plan = narrowed_step
     assert plan.report.narrowed > 0
     path = tmp_path / "plan.json"
     plan.save(path)
