@@ -19,6 +19,7 @@ from .errors import (
     NoPlanError,
     SavedPlanMismatch,
     ShardsatError,
+    StoppedEarlyError,
     UnsupportedPrimitiveError,
 )
 from .extract.profile import PRESETS, DeviceProfile
@@ -46,6 +47,7 @@ __all__ = [
     "ShardsatError",
     "SignatureRule",
     "StopReason",
+    "StoppedEarlyError",
     "UnsupportedPrimitiveError",
     "load_plan",
     "register_signature",

@@ -42,6 +42,11 @@ class NoPlanError(ShardsatError):
     """Extraction found no plan (e.g. every plan breaks a constraint)."""
 
 
+class StoppedEarlyError(NoPlanError):
+    """No plan, and saturation stopped at a limit (nodes, time, iterations) before it was done:
+    a bigger budget, or fewer layouts per value (priors=), may find one."""
+
+
 class SavedPlanMismatch(ShardsatError):
     """A saved plan is for another program, mesh or argument types than the ones given, or was
     written by a shardsat that saves plans differently."""

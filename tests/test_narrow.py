@@ -125,6 +125,31 @@ def test_a_narrowed_graph_without_a_plan_is_planned_again_whole(mesh222, monkeyp
     assert_equivalent(plan, f, w, x)
 
 
+def test_a_whole_graph_stopped_at_a_limit_is_planned_again_narrowed(mesh222, monkeypatch):
+    """Regression (benchmarks/priors.py): a folded 4-layer GPT step on 2x2x2x2 has 392k (value,
+    layout) pairs, under the threshold then (400k), so priors="auto" planned it whole, and
+    saturation stopped at the node limit (6.9 M e-nodes) with no plan: NoPlanError. Now a whole
+    e-graph that stops at a limit without a plan is planned again narrowed (here the first
+    attempt is made to stop so)."""
+    real, tried = api._plan_in, []
+
+    def stopped(req, *args, **kwargs):
+        tried.append(req.priors)
+        if req.priors != "families":
+            raise shardsat.errors.StoppedEarlyError("stopped early at the node limit")
+        return real(req, *args, **kwargs)
+
+    monkeypatch.setattr(api, "_plan_in", stopped)
+    step, state, x = mlp_step()
+    plan = shardsat.saturate_and_extract(step, mesh222, state, x, state_argnums=(0,))
+    assert tried == ["auto", "families"]
+    assert plan.report.narrowed > 0
+    assert_equivalent(plan, step, state, x)
+    with pytest.raises(shardsat.errors.StoppedEarlyError):  # priors=None: the user asked for every layout
+        shardsat.saturate_and_extract(step, mesh222, state, x, state_argnums=(0,), priors=None)
+    assert tried[2:] == [None]
+
+
 def test_priors_must_be_known(mesh222):
     with pytest.raises(shardsat.InvalidArgumentError, match="priors"):
         shardsat.saturate_and_extract(lambda x: x * 2, mesh222, jnp.ones(8), priors="learned")

@@ -32,10 +32,12 @@ FAMILY_RELEASED = 1
 # the split bound (extract/splitbound.py) costs ~0.4 s per round on a 2x2x2 GPT step's 1.2M e-nodes
 # (107k productions), three rounds with loop-carried state: beyond this, the per-value one alone
 SPLIT_BOUND_NODES = 2_000_000
-# priors="auto" narrows each value's layouts (egraph/narrow.py) when the program has more
-# (value, layout) pairs than this: a 4-layer GPT step has 0.22 M on 2x2x2 (1.3 M e-nodes, planned
-# whole) and 1.0 M on 2x2x2x2, where the whole e-graph passes 5 M e-nodes in three iterations
-NARROW_PAIRS = 400_000
+# priors="auto" narrows each value's layouts (egraph/narrow.py) when the program (folded) has
+# more (value, layout) pairs than this: 4-layer GPT / llama steps have 83k / 118k on 2x2x2 (1.3 M
+# / 1.9 M e-nodes, planned whole), 80k / 111k on 4x4x4, and 389k-594k on 2x2x2x2 and 2x2x2x4,
+# where the whole e-graph passes 5 M e-nodes in three iterations (api._plan also narrows where
+# a whole e-graph stops at a limit with no plan)
+NARROW_PAIRS = 200_000
 # ... keeping the layouts of each equation's NARROW_WIDTH cheapest strategies under each family's
 # propagation (extract/propagate.py). That GPT step on 2x2x2x2: 637 ms at width 2 (796k e-nodes),
 # 688 ms at width 1 (506k); on 2x2x2 narrowed (priors="families"): 1.010x and 1.043x the whole
