@@ -32,7 +32,7 @@ from .errors import (
     StoppedEarlyError,
 )
 from .extract.cost import CostModel
-from .extract.families import families
+from .extract.families import data_parallel_fills, families
 from .extract.memory import MemoryEstimate, MemoryModel
 from .extract.plancost import cost_plan
 from .extract.policy import NARROW_PAIRS, NARROW_WIDTH, SearchPolicy, exact_method, runs_exact
@@ -445,7 +445,8 @@ def _problem(program: Program, graph: ExportedGraph, spaces: SpaceTable, tables:
         # the search is local: training steps also start from data-parallel and ZeRO-3 state,
         # and where it pays from FSDP + TP (see extract/seeds.py)
         seeds=seeds(program, graph, spaces, tie_pairs, arg_pins, hybrids=policy.seed_hybrids),
-        families=families(program, graph, spaces, tie_pairs, arg_pins),
+        families=families(program, graph, spaces, tie_pairs, arg_pins, tables),
+        tensor_in_full=not data_parallel_fills(program, spaces, tie_pairs),
     )
 
     def full_roots(ex: Extraction) -> Extraction:

@@ -454,12 +454,14 @@ def standard_layouts(fn: Any, mesh: Any, *args: Any, state_argnums: Any = None) 
     from .egraph.program import trace
     from .extract.families import family_layouts
     from .pins import resolve_ties
+    from .rules.apply import build_tables
 
     program = trace(fn, args, auto_mesh(mesh))
     spaces = SpaceTable(MeshAxes.from_mesh(mesh))
     ties = resolve_ties(program, state_argnums, program.name)
     out = {}
-    for name, layouts in family_layouts(program, spaces, ties):
+    tables = build_tables(program, spaces, "replicate", edges=False)
+    for name, layouts in family_layouts(program, spaces, ties, tables):
         specs = [layouts[pos].spec(spaces.mesh) for pos in range(len(program.args))]
         out[name] = tuple(jax.tree_util.tree_unflatten(program.in_tree, specs))
     return out

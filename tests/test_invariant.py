@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import optax
+import pytest
 from helpers import assert_equivalent
 from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
@@ -203,3 +204,62 @@ def test_pressure_completions_rank_the_replicated_family_too(monkeypatch):
     assert names[0] == "replicated" and uncharged == 1
     assert [f.name for f, _ in out] == names[:2]  # the uncharged one and the first charged one
     assert all(plan.extraction.total_s <= ex.total_s * (1 + 1e-9) for _, ex in out)
+
+
+def _small_gpt_step(batch: int = 8):
+    cfg = GPTConfig(layers=1, d_model=32, heads=2, mlp=64, vocab=64, seq=16, batch=batch)
+    _, step = make_gpt_step(cfg)
+    params = gpt_params(cfg, abstract=True)
+    return step, ((params, jax.eval_shape(optax.adamw(1e-3).init, params)), gpt_batch(cfg, abstract=True))
+
+
+def test_three_axis_families_reach_fsdp_tp_before_the_other_zero1_sets():
+    """Regression (benchmarks/priors.py, 4x4x4): on three axes the ZeRO-1 subsets came before
+    FSDP + TP, 2^3 - 2 of them, and took the whole family budget of a 4-layer GPT step, whose
+    free plan then cost 806 us against 662 for fsdp(fsdp,model)+tp(data) pinned. Now ZeRO-1 over
+    each single axis alternates with FSDP + TP over that axis, and the other subsets follow."""
+    step, args = _small_gpt_step()
+    names = list(standard_layouts(step, jax.make_mesh((2, 2, 2), ("data", "fsdp", "model")), *args,
+                                  state_argnums=(0,)))
+    assert names[:8] == ["replicated", "zero1(data,fsdp,model)", "zero1(data)", "fsdp(fsdp,model)+tp(data)",
+                         "zero1(fsdp)", "fsdp(data,model)+tp(fsdp)", "zero1(model)", "fsdp(data,fsdp)+tp(model)"]
+    two = list(standard_layouts(step, jax.make_mesh((2, 4), ("data", "model")), *args, state_argnums=(0,)))
+    assert two[:5] == ["replicated", "zero1(data,model)", "zero1(data)", "zero1(model)", "fsdp(model)+tp(data)"]
+
+
+@pytest.mark.parametrize("batch", [2, 8])
+def test_a_tensor_parallel_family_is_completed_in_full_where_the_batch_cannot_fill_the_mesh(monkeypatch, batch):
+    """Regression (benchmarks/priors.py, 4x4x4 llama step, batch 32 on 64 devices): beyond
+    FAMILY_ALL_NODES the families are ranked by their pressure completions, which rank the
+    tensor-parallel ones last (795-853 us pressed; 592-606 pinned in full, the ZeRO-1 ones
+    721-749 pressed, 774-878 in full), so the free plan never started from one (686 us; FSDP +
+    TP pinned 558). Where data parallelism cannot use every device (batch 2 on 2x4), the
+    cheapest tensor-parallel one is completed in full too; where it can (batch 8), not."""
+    pressed, full = [], []
+    real_pressed, real_pinned = search._pressed_families, search._pinned
+
+    def last(*args, **kwargs):  # the tensor-parallel families' pressure completions ranked last
+        out = real_pressed(*args, **kwargs)
+        for fam, ex in out:
+            if fam.tensor_parallel:
+                ex.total_s *= 100.0
+        pressed.extend((ex.total_s, fam.name) for fam, ex in out if fam.tensor_parallel)
+        return out
+
+    def pinned(p, ex, node_cost, fam, *args):
+        out = real_pinned(p, ex, node_cost, fam, *args)
+        full.append((fam.name, None if out is None else out.total_s))
+        return out
+
+    monkeypatch.setattr(search, "_pressed_families", last)
+    monkeypatch.setattr(search, "_pinned", pinned)
+    monkeypatch.setattr(policy, "FAMILY_SHARE", 100.0)  # every family's pressure completion
+    step, args = _small_gpt_step(batch)
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    plan = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, state_argnums=(0,))
+    assert plan.report.e_nodes > policy.FAMILY_ALL_NODES
+    if batch == 8:
+        assert [name for name, _ in full] == ["replicated"]
+        return
+    assert [name for name, _ in full] == ["replicated", min(pressed)[1]]
+    assert plan.cost.total_s <= full[1][1] * (1 + 1e-9)

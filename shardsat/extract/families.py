@@ -11,10 +11,10 @@ order of promise):
 * zero1(S): dp(S), optimizer state split over S (its largest dimension; ZeRO-1/2 are the same
   argument layouts: they differ in intermediates, which the search chooses);
 * fsdp(S): dp(S), weights and optimizer state split over S (ZeRO-3);
-* tp(a)+dp(R): the batch over the other axes R, every weight's largest dimension over `a`
-  (Megatron's column/row splits: a weight's largest dimension is the hidden one it shares with
-  its partner; heads and vocabularies too);
-* fsdp(R)+tp(a): tp(a)+dp(R), each weight's next largest dimension over R as well;
+* tp(a)+dp(R): the batch over the other axes R, every weight's Megatron dimension over `a`
+  (extract/megatron.py, from the program's factors: the heads of attention projections, the
+  hidden width of an MLP pair, the vocabulary; without the rule tables, the largest dimension);
+* fsdp(R)+tp(a): tp(a)+dp(R), each weight's largest other dimension over R as well;
 * replicated: every argument whole, intermediates free.
 
 S ranges over every non-empty set of mesh axes (more than one device each), `a` over each axis.
@@ -29,6 +29,8 @@ from ..egraph.export import ExportedGraph
 from ..egraph.layout import Layout, SpaceTable
 from ..egraph.program import Program
 from ..egraph.ties import resolve_ties
+from ..rules.apply import RuleTables
+from .megatron import tensor_ranks
 from .structure import heavy_roles
 
 
@@ -36,6 +38,11 @@ from .structure import heavy_roles
 class Family:
     name: str
     pins: dict[int, frozenset[int]]  # input group -> its layout (one), as a pin
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """tp(a)+dp(R) or fsdp(R)+tp(a)."""
+        return "tp(" in self.name
 
 
 @dataclass(frozen=True)
@@ -83,15 +90,29 @@ def _split(shape: tuple[int, ...], dims: list[int], axes_per_dim: list[tuple[int
     return Layout(tuple(out), ())
 
 
+def _tensor_rank(rank: tuple[int, int]) -> tuple[int, int, int]:
+    """(contracted between activations, in no other weight's class, weights sharing the class):
+    a class of one weight is an edge of the program (an MLP chain's input features), not a
+    block's hidden width; it comes after the shared ones (the vocabulary, whose embedding has
+    it alone, has only the residual stream to compete with)."""
+    flagged, sharing = rank
+    return flagged, int(sharing == 1), sharing
+
+
 def _by_size(shape: tuple[int, ...]) -> list[int]:
     return sorted(range(len(shape)), key=lambda d: (-shape[d], d))
 
 
 class _Builder:
-    """Layouts of one program's arguments on one mesh."""
+    """Layouts of one program's arguments on one mesh. `ranks`: per weight and state argument,
+    per dimension, its rank for tensor parallelism (extract/megatron.py); without, the largest
+    dimension is split."""
 
-    def __init__(self, program: Program, spaces: SpaceTable):
-        self.program, self.spaces = program, spaces
+    def __init__(self, program: Program, spaces: SpaceTable, ranks: dict[int, list[tuple[int, int]]] | None = None):
+        self.program, self.spaces, self.ranks = program, spaces, ranks or {}
+        # the residual stream: the class most weights share, where it spans more than a pair
+        widest = max((c for r in self.ranks.values() for _, c in r), default=0)
+        self.residual = widest if widest > 2 else widest + 1
 
     def shape(self, pos: int) -> tuple[int, ...]:
         return self.program.values[self.program.args[pos]].shape
@@ -100,15 +121,29 @@ class _Builder:
         shape = self.shape(pos)
         return _split(shape, [0], [axes], self.spaces) if shape else Layout.replicated(0)
 
-    def largest(self, pos: int, first: tuple[int, ...], second: tuple[int, ...] = ()) -> Layout:
-        """`first` on the largest dimension, `second` on the next largest."""
+    def largest(self, pos: int, axes: tuple[int, ...]) -> Layout:
+        """`axes` on the largest dimension."""
         shape = self.shape(pos)
         dims = _by_size(shape)
         if not dims:
             return Layout.replicated(0)
-        if len(dims) == 1 or not second:
-            return _split(shape, dims[:1], [first], self.spaces)
-        return _split(shape, dims[:2], [first, second], self.spaces)
+        return _split(shape, dims[:1], [axes], self.spaces)
+
+    def tensor(self, pos: int, tp: tuple[int, ...], rest: tuple[int, ...] = ()) -> Layout:
+        """`tp` on the dimension tensor parallelism splits (the best ranked one it divides, not
+        the residual stream's), `rest` on the largest other one."""
+        shape = self.shape(pos)
+        if not shape:
+            return Layout.replicated(0)
+        n, rank = self.spaces.mesh.size(tp), self.ranks.get(pos)
+        dims = [d for d in range(len(shape)) if not rank or rank[d][1] < self.residual]
+        if not dims:  # the residual stream's own weights (norm scales, biases) stay whole over tp
+            return _split(shape, _by_size(shape)[:1], [rest], self.spaces)
+        first = min(dims, key=lambda d: (shape[d] % n != 0, *(_tensor_rank(rank[d]) if rank else ()), -shape[d], d))
+        if not rest or len(shape) == 1:
+            return _split(shape, [first], [tp], self.spaces)
+        second = next(d for d in _by_size(shape) if d != first)
+        return _split(shape, [first, second], [tp, rest], self.spaces)
 
     def nth(self, pos: int, axes: tuple[int, ...], j: int) -> Layout:
         """`axes` on the j-th largest dimension (the smallest, if fewer)."""
@@ -122,11 +157,13 @@ class _Builder:
         return Layout.replicated(len(self.shape(pos)))
 
 
-def family_layouts(program: Program, spaces: SpaceTable, ties: list[tuple[int, int]]) -> list[tuple[str, dict[int, Layout]]]:
+def family_layouts(program: Program, spaces: SpaceTable, ties: list[tuple[int, int]],
+                   tables: RuleTables | None = None) -> list[tuple[str, dict[int, Layout]]]:
     """(name, flat argument position -> layout) of each standard family on this mesh (see the
-    module docstring), without duplicates."""
+    module docstring), without duplicates. With the rule `tables`, tensor parallelism splits the
+    dimensions the program's factors say (extract/megatron.py); else the largest."""
     r = roles(program, ties)
-    b = _Builder(program, spaces)
+    b = _Builder(program, spaces, None if tables is None else tensor_ranks(program, tables, r.weights, r.state))
     active = spaces.mesh.active
     out = [("replicated", {a: b.whole(a) for a in range(len(program.args))})]
     for k in range(1, len(active) + 1):
@@ -143,14 +180,25 @@ def family_layouts(program: Program, spaces: SpaceTable, ties: list[tuple[int, i
             rest = tuple(a for a in active if a != tp)
             batch = {a: b.batch(a, rest) for a in r.batch}
             label, rest_label = spaces.mesh.label((tp,)), spaces.mesh.label(rest)
-            out.append((f"tp({label})+dp({rest_label})", batch | {a: b.largest(a, (tp,)) for a in r.weights + r.state}))
+            out.append((f"tp({label})+dp({rest_label})", batch | {a: b.tensor(a, (tp,)) for a in r.weights + r.state}))
             out.append((f"fsdp({rest_label})+tp({label})",
-                        batch | {a: b.largest(a, (tp,), rest) for a in r.weights + r.state}))
+                        batch | {a: b.tensor(a, (tp,), rest) for a in r.weights + r.state}))
     unique: list[tuple[str, dict[int, Layout]]] = []
-    for name, layouts in sorted(out, key=lambda f: _prior(f[0], len(active))):
+    axis_order = {spaces.mesh.label((a,)): i for i, a in enumerate(active)}
+    for name, layouts in sorted(out, key=lambda f: _prior(f[0], len(active), axis_order)):
         if all(layouts != seen for _, seen in unique):
             unique.append((name, layouts))
     return unique
+
+
+def data_parallel_fills(program: Program, spaces: SpaceTable, ties: list[tuple[int, int]]) -> bool:
+    """Whether data parallelism over every axis splits every batch argument over the whole mesh;
+    where it cannot (a batch of 32 on 64 devices, or no batch), only model parallelism uses every
+    device, and the search completes a tensor-parallel family in full (extract/search.py)."""
+    b = _Builder(program, spaces)
+    arrays = [a for a in roles(program, ties).batch if b.shape(a)]  # a scalar (a learning rate) has no batch
+    every = spaces.mesh.active
+    return bool(arrays) and all(sum(len(axes) for axes in b.batch(a, every).dims) == len(every) for a in arrays)
 
 
 def state_variants(program: Program, spaces: SpaceTable, ties: list[tuple[int, int]]) -> list[dict[int, Layout]]:
@@ -170,7 +218,7 @@ def state_variants(program: Program, spaces: SpaceTable, ties: list[tuple[int, i
     return out
 
 
-def _prior(name: str, axes: int) -> int:
+def _prior(name: str, axes: int, axis_order: dict[str, int]) -> tuple[int, int]:
     """Families in the order they pay off, where the search has time for only a few: every
     argument replicated with intermediates free (released, the best start of the experts
     benchmark's 2x2x2 GPT step, 4x2 Soft-MoE, conv nets, 8-device llama), ZeRO-1 over every
@@ -178,27 +226,40 @@ def _prior(name: str, axes: int) -> int:
     of the state: a 3-layer GPT step on 2x4, 2,614 us released replicated, 2,518 us from
     zero1(data,model), 2,493 from zero1(data)), FSDP + TP (the GPT and llama steps on 2x4, 4x2
     and 2x2x2 pinned), the widest data parallelism (where communication dominates), then the
-    rest."""
+    rest. On three or more axes ZeRO-1 over each single axis alternates with FSDP + TP with TP
+    over that axis, and the other ZeRO-1 sets follow: they are 2^k - 2 families, and before FSDP
+    + TP they took the whole budget (a 4-layer GPT step on 4x4x4: 806 us from the replicated
+    family; FSDP + TP, never reached, completes to 662 pinned, 648 released)."""
     widest = name.count(",") == axes - 1 and "+" not in name  # over every axis
     if name == "replicated":
-        return 0
-    if name.startswith("zero1"):
-        return 1 if widest else 2
-    if "+tp(" in name and name.startswith("fsdp"):
-        return 3
+        return (0, 0)
+    if name.startswith("zero1") and widest:
+        return (1, 0)
+    fsdp_tp = "+tp(" in name and name.startswith("fsdp")
+    if axes >= 3:
+        single = name.startswith("zero1") and "," not in name
+        if single or fsdp_tp:
+            axis = name.rpartition("(")[2].rstrip(")")
+            return (2, 2 * axis_order[axis] + (1 if fsdp_tp else 0))
+        if name.startswith("zero1"):
+            return (3, 0)
+    elif name.startswith("zero1"):
+        return (2, 0)
+    if fsdp_tp:
+        return (3, 0)
     if widest:
-        return {"dp": 4, "fsdp": 5}[name.split("(")[0]]
+        return ({"dp": 4, "fsdp": 5}[name.split("(")[0]], 0)
     if "+" in name:
-        return 6
-    return 7
+        return (6, 0)
+    return (7, 0)
 
 
 def families(program: Program, graph: ExportedGraph, spaces: SpaceTable, ties: list[tuple[int, int]],
-             user_pins: dict[int, frozenset[int]]) -> list[Family]:
+             user_pins: dict[int, frozenset[int]], tables: RuleTables | None = None) -> list[Family]:
     """The standard families as pins of the e-graph's input groups, leaving out the arguments the
     user pinned (and families that ask two layouts of one group: a folded loop's layers)."""
     out: list[Family] = []
-    for name, layouts in family_layouts(program, spaces, ties):
+    for name, layouts in family_layouts(program, spaces, ties, tables):
         pins: dict[int, frozenset[int]] = {}
         for pos, lay in layouts.items():
             grp = graph.value_group.get(program.args[pos])

@@ -159,7 +159,7 @@ def propagated_layouts(program: Program, spaces: SpaceTable, tables: RuleTables,
     those of each equation's `width` cheapest strategies (the cheapest one propagates)."""
     keep: dict[int, set[int]] = defaultdict(set)
     prop = _Propagation(program, spaces, tables, model, width)
-    starts = [start for _, start in family_layouts(program, spaces, ties)] + state_variants(program, spaces, ties)
+    starts = [start for _, start in family_layouts(program, spaces, ties, tables)] + state_variants(program, spaces, ties)
     for start in starts:
         prop.run(start, keep)
     return keep

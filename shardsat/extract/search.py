@@ -51,6 +51,9 @@ class Problem:
     seeds: list[dict[int, int]]
     weight: np.ndarray  # per value group: executions per step (scan bodies: iterations)
     families: list[Family] = field(default_factory=list)  # standard layouts to start from
+    # data parallelism cannot use every device: a tensor-parallel family is completed in full
+    # (families.data_parallel_fills, _tensor_parallel)
+    tensor_in_full: bool = False
 
 
 def _reprice(ex: Extraction, cost: np.ndarray) -> Extraction:
@@ -176,7 +179,8 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
     infinite); bigger ones the replicated family in full, and every family by the cheaper
     completions of _pressed_families within `budget` moves (Extractor.work: a count, so that the
     plan does not depend on the machine's speed), the policy's cheapest few of them then polished
-    with chain moves."""
+    with chain moves; where data parallelism cannot use every device, the cheapest
+    tensor-parallel family by pressure is also completed in full (_tensor_parallel)."""
     families, origin = p.families, None
     # replicated in full, released whatever its pinned cost: replicated pins cost most and
     # released do best (conv nets, the 4x2 Soft-MoE step); pressure alone would shard what a
@@ -189,14 +193,33 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
         best, origin = _release(p, ex, best, origin, fam, _pinned(p, ex, node_cost, fam, policy, deadline), deadline)
     if not every:
         done = _pressed_families(p, ex, node_cost, best, families, deadline, budget, uncharged=len(full))
-        for fam, freed in sorted(done, key=lambda d: d[1].total_s)[:policy.family_released]:
+        ranked = sorted(done, key=lambda d: d[1].total_s)
+        for fam, freed in ranked[:policy.family_released]:
             if time.perf_counter() >= deadline:
                 break
             best, origin = _cheaper(best, origin, fam, freed, ex.resume(freed, p.roots, deadline=deadline, explain=False))
+        tensor = _tensor_parallel(ranked, policy.family_released) if p.tensor_in_full else None
+        if tensor is not None and time.perf_counter() < deadline:
+            pinned = _pinned(p, ex, node_cost, tensor, policy, deadline)
+            best, origin = _release(p, ex, best, origin, tensor, pinned, deadline)
     if origin is not None:
         best.notes.append(f"started from the {origin} layout family")
         best.gap = best.exact_status = None  # they were of another plan
     return best
+
+
+def _tensor_parallel(ranked: list[tuple[Family, Extraction]], polished: int) -> Family | None:
+    """The tensor-parallel family to complete in full as well (where data parallelism cannot use
+    every device), where none of the `polished` cheapest pressure completions is one: the
+    cheapest of them by its pressure completion. Pressure prices bytes, and a tensor-parallel
+    plan needs the chain moves its pressure completion is made without, so pressure ranks these
+    families last where they win (a 4-layer llama step, batch 32, on 4x4x4: FSDP + TP 795-853 us
+    pressed, 592-606 pinned in full; ZeRO-1's 721-749 pressed, 774-878 pinned; the free plan
+    686 -> 572 us). Where the batch fills the mesh they never won (the experts benchmark's 8
+    devices: 0 of 17 cases) and cost a completion each."""
+    if any(fam.tensor_parallel for fam, _ in ranked[:polished]):
+        return None
+    return next((fam for fam, _ in ranked if fam.tensor_parallel), None)
 
 
 def _release(p: Problem, ex: Extractor, best: Extraction, origin: str | None, fam: Family,
