@@ -32,7 +32,7 @@ from .errors import (
     StoppedEarlyError,
 )
 from .extract.cost import CostModel
-from .extract.families import data_parallel_fills, families
+from .extract.families import data_parallel_fills, families, tensor_axis
 from .extract.memory import MemoryEstimate, MemoryModel
 from .extract.plancost import cost_plan
 from .extract.policy import NARROW_PAIRS, NARROW_WIDTH, SearchPolicy, exact_method, runs_exact
@@ -446,7 +446,7 @@ def _problem(program: Program, graph: ExportedGraph, spaces: SpaceTable, tables:
         # and where it pays from FSDP + TP (see extract/seeds.py)
         seeds=seeds(program, graph, spaces, tie_pairs, arg_pins, hybrids=policy.seed_hybrids),
         families=families(program, graph, spaces, tie_pairs, arg_pins, tables),
-        tensor_in_full=not data_parallel_fills(program, spaces, tie_pairs),
+        tensor_axis=None if data_parallel_fills(program, spaces, tie_pairs) else tensor_axis(spaces, model.profile.link),
     )
 
     def full_roots(ex: Extraction) -> Extraction:

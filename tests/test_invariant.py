@@ -234,7 +234,8 @@ def test_a_tensor_parallel_family_is_completed_in_full_where_the_batch_cannot_fi
     tensor-parallel ones last (795-853 us pressed; 592-606 pinned in full, the ZeRO-1 ones
     721-749 pressed, 774-878 in full), so the free plan never started from one (686 us; FSDP +
     TP pinned 558). Where data parallelism cannot use every device (batch 2 on 2x4), the
-    cheapest tensor-parallel one is completed in full too; where it can (batch 8), not."""
+    cheapest tensor-parallel one over the axis TP belongs on is completed in full too; where it
+    can (batch 8), not."""
     pressed, full = [], []
     real_pressed, real_pinned = search._pressed_families, search._pinned
 
@@ -261,5 +262,22 @@ def test_a_tensor_parallel_family_is_completed_in_full_where_the_batch_cannot_fi
     if batch == 8:
         assert [name for name, _ in full] == ["replicated"]
         return
-    assert [name for name, _ in full] == ["replicated", min(pressed)[1]]
+    over_model = min((cost, name) for cost, name in pressed if name.endswith("tp(model)") or
+                     name.startswith("tp(model)"))  # one link speed: the minor axis (families.tensor_axis)
+    assert [name for name, _ in full] == ["replicated", over_model[1]]
     assert plan.cost.total_s <= full[1][1] * (1 + 1e-9)
+
+
+def test_tensor_parallelism_goes_on_the_fastest_axis_ties_to_the_minor_one():
+    """Regression (benchmarks/priors.py, GPT step on 4x4x4): among axes of one link speed the
+    pressure ranking picked TP over the middle axis (polished to 606 us) where TP over the minor
+    one, pinned, gives 582: the layout space reshards minor axes (egraph/collectives.py)."""
+    from shardsat.egraph.layout import MeshAxes, SpaceTable
+    from shardsat.extract.families import Family, tensor_axis
+
+    spaces = SpaceTable(MeshAxes(("data", "fsdp", "model", "one"), (4, 4, 4, 1)))
+    assert tensor_axis(spaces, lambda a: 450e9) == "model"  # "one" has size 1: never used
+    assert tensor_axis(spaces, {"data": 450e9, "fsdp": 900e9, "model": 450e9, "one": 1e12}.__getitem__) == "fsdp"
+    assert Family("fsdp(data,model)+tp(fsdp)", {}).tensor_axis == "fsdp"
+    assert Family("tp(data)+dp(fsdp,model)", {}).tensor_axis == "data"
+    assert Family("fsdp(data,tp)", {}).tensor_axis is None

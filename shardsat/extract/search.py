@@ -51,9 +51,9 @@ class Problem:
     seeds: list[dict[int, int]]
     weight: np.ndarray  # per value group: executions per step (scan bodies: iterations)
     families: list[Family] = field(default_factory=list)  # standard layouts to start from
-    # data parallelism cannot use every device: a tensor-parallel family is completed in full
-    # (families.data_parallel_fills, _tensor_parallel)
-    tensor_in_full: bool = False
+    # where data parallelism cannot use every device, the mesh axis whose tensor-parallel family
+    # is completed in full (families.data_parallel_fills and tensor_axis, _tensor_parallel)
+    tensor_axis: str | None = None
 
 
 def _reprice(ex: Extraction, cost: np.ndarray) -> Extraction:
@@ -198,7 +198,7 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
             if time.perf_counter() >= deadline:
                 break
             best, origin = _cheaper(best, origin, fam, freed, ex.resume(freed, p.roots, deadline=deadline, explain=False))
-        tensor = _tensor_parallel(ranked, policy.family_released) if p.tensor_in_full else None
+        tensor = _tensor_parallel(ranked, p.tensor_axis) if p.tensor_axis is not None else None
         if tensor is not None and time.perf_counter() < deadline:
             pinned = _pinned(p, ex, node_cost, tensor, policy, deadline)
             best, origin = _release(p, ex, best, origin, tensor, pinned, deadline)
@@ -208,18 +208,20 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
     return best
 
 
-def _tensor_parallel(ranked: list[tuple[Family, Extraction]], polished: int) -> Family | None:
+def _tensor_parallel(ranked: list[tuple[Family, Extraction]], axis: str) -> Family | None:
     """The tensor-parallel family to complete in full as well (where data parallelism cannot use
-    every device), where none of the `polished` cheapest pressure completions is one: the
-    cheapest of them by its pressure completion. Pressure prices bytes, and a tensor-parallel
-    plan needs the chain moves its pressure completion is made without, so pressure ranks these
-    families last where they win (a 4-layer llama step, batch 32, on 4x4x4: FSDP + TP 795-853 us
-    pressed, 592-606 pinned in full; ZeRO-1's 721-749 pressed, 774-878 pinned; the free plan
-    686 -> 572 us). Where the batch fills the mesh they never won (the experts benchmark's 8
-    devices: 0 of 17 cases) and cost a completion each."""
-    if any(fam.tensor_parallel for fam, _ in ranked[:polished]):
-        return None
-    return next((fam for fam, _ in ranked if fam.tensor_parallel), None)
+    every device): the cheapest by its pressure completion over `axis` (families.tensor_axis),
+    else over any axis. Pressure prices bytes, and a tensor-parallel plan needs the chain moves
+    its pressure completion is made without, so pressure ranks these families last where they
+    win (a 4-layer llama step, batch 32, on 4x4x4: FSDP + TP 795-853 us pressed, 592-606 pinned
+    in full; ZeRO-1's 721-749 pressed, 774-878 pinned; the free plan 686 -> 572 us), and among
+    axes of one speed it picks by noise (a GPT step on 4x4x4: tp over the middle axis polished
+    to 606 us, over the minor one pinned 582). Done even where a pressed TP family is among the
+    polished ones: polishing does not reach what the full completion does. Where the batch fills
+    the mesh they never won (the experts benchmark's 8 devices: 0 of 17 cases) and cost a
+    completion each."""
+    tensor = [fam for fam, _ in ranked if fam.tensor_parallel]
+    return next((fam for fam in tensor if fam.tensor_axis == axis), tensor[0] if tensor else None)
 
 
 def _release(p: Problem, ex: Extractor, best: Extraction, origin: str | None, fam: Family,
