@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/priors.py                          # every workload and mesh (~25 min)
     .venv/bin/python benchmarks/priors.py --only gpt --meshes 2,2,2,2
     .venv/bin/python benchmarks/priors.py --whole                  # also priors=None on 4-axis meshes
+    .venv/bin/python benchmarks/priors.py --learned                # also priors="builtin"
 
 Workloads: GPT and llama training steps (d_model 512, 8 heads, 4 layers, vocabulary 8192, sequence
 256, batch 32, AdamW; all arguments ShapeDtypeStructs; H100 profile), on 64 simulated CPU devices
@@ -13,6 +14,9 @@ Workloads: GPT and llama training steps (d_model 512, 8 heads, 4 layers, vocabul
   families propagated, extract/propagate.py);
 - "whole": `priors=None`, every layout (on 4-axis meshes only with --whole: it passes the node
   limit there);
+- with --learned, "learned": `priors="builtin"`, narrowed by the learned prior (extract/prior.py;
+  none of these workloads is in its training corpus, shardsat/learn/corpus.py), and its ratio to
+  the whole e-graph's plan (to the families' on 4-axis meshes);
 - every hand-written expert of benchmarks/experts/transformer.py pinned (default priors); the
   table gives the best.
 Columns: planning wall time, e-nodes, (value, layout) pairs left out, predicted step time
@@ -91,7 +95,7 @@ def ratio(a: Run, b: Run | None) -> str:
     return "-" if b is None or a.us is None or b.us is None else f"{a.us / b.us:.3f}"
 
 
-def row(model: str, shape: tuple[int, ...], whole: bool) -> str:
+def row(model: str, shape: tuple[int, ...], whole: bool, learned: bool) -> str:
     mesh = make_mesh(shape)
     step, args, params, opt_state = build(model)
     default = plan(step, mesh, args, "auto")
@@ -104,12 +108,20 @@ def row(model: str, shape: tuple[int, ...], whole: bool) -> str:
     best = min(ok, key=lambda n: ok[n].us or 0.0) if ok else None
     label = "x".join(map(str, shape))
     best_cell = f"{best} {ok[best].us:,.0f} us" if best else "-"
+    cells = ""
+    if learned:
+        lr = plan(step, mesh, args, "builtin")
+        cells = f" {lr.cell()} | {ratio(lr, full or fam)} |"
     return (f"| {model} | {label} | {default.cell()} | {fam.cell()} | {full.cell() if full else 'not run'} "
-            f"| {ratio(fam, full)} | {best_cell} | {ratio(default, ok[best] if best else None)} |")
+            f"| {ratio(fam, full)} |{cells} {best_cell} | {ratio(default, ok[best] if best else None)} |")
 
 
-HEADER = ("| workload | mesh | default (priors='auto') | families | whole (priors=None) | families/whole "
-          "| best expert | default/best expert |\n|---|---|---|---|---|---|---|---|")
+def header(learned: bool) -> str:
+    cols = ["workload", "mesh", "default (priors='auto')", "families", "whole (priors=None)", "families/whole"]
+    if learned:
+        cols += ["learned (priors='builtin')", "learned/whole (4 axes: /families)"]
+    cols += ["best expert", "default/best expert"]
+    return "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,14 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("gpt", "llama"), help="one workload")
     ap.add_argument("--meshes", nargs="+", metavar="SHAPE", help="e.g. 2,2,2,2 4,4,4")
     ap.add_argument("--whole", action="store_true", help="also priors=None on 4-axis meshes")
+    ap.add_argument("--learned", action="store_true", help="also priors='builtin' (the learned prior)")
     ns = ap.parse_args(argv)
     meshes = [tuple(int(x) for x in m.split(",")) for m in ns.meshes] if ns.meshes else list(MESHES)
     cmd = " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/priors.py", *(argv or sys.argv[1:])])
     print(f"{datetime.date.today()}, {platform.machine()} {os.cpu_count()} cores, jax {jax.__version__}: `{cmd}`\n")
-    print(HEADER, flush=True)
+    print(header(ns.learned), flush=True)
     for model in ([ns.only] if ns.only else ["gpt", "llama"]):
         for shape in meshes:
-            print(row(model, shape, ns.whole), flush=True)
+            print(row(model, shape, ns.whole, ns.learned), flush=True)
     return 0
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import time
 import warnings
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -32,10 +33,21 @@ from .errors import (
     StoppedEarlyError,
 )
 from .extract.cost import CostModel
-from .extract.families import data_parallel_fills, families, tensor_axis
+from .extract.families import data_parallel_fills, families, family_layouts, tensor_axis
 from .extract.memory import MemoryEstimate, MemoryModel
 from .extract.plancost import cost_plan
-from .extract.policy import NARROW_PAIRS, NARROW_WIDTH, SearchPolicy, exact_method, runs_exact
+from .extract.policy import (
+    NARROW_PAIRS,
+    NARROW_WIDTH,
+    PRIOR_MASS,
+    PRIOR_PAIRS,
+    SearchPolicy,
+    exact_method,
+    runs_exact,
+)
+from .extract.prior import fingerprint as prior_fingerprint
+from .extract.prior import learned_layouts
+from .extract.prior import resolve as resolve_prior
 from .extract.profile import DeviceProfile, get_profile
 from .extract.propagate import propagated_layouts
 from .extract.result import Extraction
@@ -83,7 +95,7 @@ class _Request:
                          fallback=self.fallback, rules=self.rules, in_shardings=self.in_shardings,
                          out_shardings=self.out_shardings, state_argnums=self.state_argnums,
                          memory_limit=self.memory_limit, extraction=self.extraction, fold_loops=self.fold_loops,
-                         priors=self.priors)
+                         priors=self.priors if self.priors in ("auto", "families", None) else prior_fingerprint(self.priors))
 
 
 def _check_entry(mesh: Any, multihost: str) -> None:
@@ -146,8 +158,7 @@ def saturate_and_extract(
     extraction: "greedy" (DAG-aware greedy with exact local moves), "exact" (also the integer
       program, within the time limit; the report gives its optimality gap) or "auto" (the
       integer program on small e-graphs only).
-    progress: show a progress line for searches that run more than ~2 s (default: when stderr
-      is a terminal).
+    progress: a progress line for searches over ~2 s (default: when stderr is a terminal).
     fold_loops: plan the repeats of an unrolled loop (identical layers) once, as a scan, and run
       them as one (see egraph/fold.py); False plans and runs every repeat separately; None (the
       default) folds programs of fold_threshold(mesh) equations or more (3000 on a mesh of two
@@ -159,8 +170,9 @@ def saturate_and_extract(
       default) plans in every process and compares the plans' fingerprints, raising a
       ShardsatError if they differ (instead of running different programs, which hangs); "share"
       plans in process 0 only and the others load its plan. Every process must call this.
-    priors: "auto": narrow each value's layouts to the standard families' where the e-graph would
-      be too big (4-axis meshes; plan.report.narrowed); "families": always; None: never.
+    priors: "auto": narrow each value's layouts to the standard families' where the e-graph is too
+      big (plan.report.narrowed); "families": always; "builtin" or a weights file: always, to a
+      learned prior's best (extract/prior.py); None: never.
     """
     with _collector_paused():
         _check_entry(mesh, multihost)
@@ -188,6 +200,8 @@ def _plan_checked(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
     mode = "error" if strict else fallback or "replicate"
     check_options(fn, mesh, example_args, profile=profile, limits=limits, fallback=mode, rules=rules,
                   cache_dir=cache_dir, **options)
+    if isinstance(options.get("priors"), os.PathLike):
+        options["priors"] = os.fspath(options["priors"])
     req = _Request(fn, mesh, example_args, get_profile(profile, mesh.devices.flat[0].platform), limits or Limits(),
                    mode, rules, **options)
     return _plan_cached(req, cache_dir)
@@ -361,10 +375,8 @@ def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: flo
     rulesets = [r for r in req.rules if not isinstance(r, Rewrite)]
     base, narrowed, t0 = None, 0, time.perf_counter()
     if _narrows(req, program, spaces, rulesets):
-        shown.update("narrowing", "layouts by the standard families")
         base = build_tables(program, spaces, req.fallback, edges=False)
-        keep = propagated_layouts(program, spaces, base, CostModel(req.profile, spaces, base), tie_pairs,
-                                  NARROW_WIDTH)
+        keep = _prior_layouts(req, program, spaces, base, tie_pairs, shown)
         for vid, lids in pinned.items():
             keep[vid].update(lids)
         narrowed = narrow_spaces(program, spaces, keep, _together(program, tie_pairs))
@@ -390,13 +402,32 @@ def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: flo
     return graph, tables, sat, run.value_space, method, skipped
 
 
+def _prior_layouts(req: _Request, program: Program, spaces: SpaceTable, base: RuleTables,
+                   tie_pairs: list[tuple[int, int]], shown: Progress) -> dict[int, set[int]]:
+    """Per value, the layouts its prior keeps: the standard families' propagation ("auto",
+    "families"), or a learned prior's best-scored layouts with every family's argument layouts
+    (the search starts from them, extract/search.py)."""
+    if req.priors in ("auto", "families"):
+        shown.update("narrowing", "layouts by the standard families")
+        return propagated_layouts(program, spaces, base, CostModel(req.profile, spaces, base), tie_pairs,
+                                  NARROW_WIDTH)
+    shown.update("narrowing", "layouts by the learned prior")
+    keep: dict[int, set[int]] = defaultdict(set)
+    weights = resolve_prior(str(req.priors))
+    keep.update(learned_layouts(program, spaces, base, tie_pairs, req.profile, weights, PRIOR_PAIRS, PRIOR_MASS))
+    for _, layouts in family_layouts(program, spaces, tie_pairs, base):
+        for pos, lay in layouts.items():
+            keep[program.args[pos]].add(spaces.layouts.intern(lay))
+    return keep
+
+
 def _narrows(req: _Request, program: Program, spaces: SpaceTable, rulesets: list[Ruleset]) -> bool:
     """Whether each value gets only its prior's layouts: with priors="auto", where the program has
     more (value, layout) pairs than the e-graph budget allows. Never with the user's own egglog
     rulesets: the values they make have no prior."""
     if req.priors is None or rulesets or len(spaces.mesh.active) < 2:
         return False
-    if req.priors == "families":
+    if req.priors != "auto":  # "families" or a learned prior
         return True
     pairs = sum(len(spaces.space(v.shape, v.dtype).layouts) for vid, v in enumerate(program.values)
                 if vid not in program.aliases)  # a folded loop's repeats are planned once

@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the default JAX backend's devices (default; simulated CPU devices are added where it is "
                         "the CPU) or simulated CPU devices")
     c.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (seconds, rough numbers)")
+    from .learn.command import add_parser as add_priors
+
+    add_priors(sub)
     return parser
 
 
@@ -435,6 +438,14 @@ def run_plan(ns: argparse.Namespace) -> int:
     return 0
 
 
+def run_priors(ns: argparse.Namespace) -> int:
+    """`priors train|eval` (shardsat/learn/command.py), on simulated CPU devices."""
+    from .learn import command
+
+    configure_devices(command.DEVICES, "cpu")
+    return command.run_train(ns) if ns.action == "train" else command.run_eval(ns)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -442,6 +453,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
+        if ns.command == "priors":
+            return run_priors(ns)
         return run_calibrate(ns) if ns.command == "calibrate" else run_plan(ns)
     except UsageError as e:
         sys.stderr.write(f"shardsat: error: {e}\n")

@@ -29,7 +29,7 @@ from .limits import Limits
 
 FALLBACKS = (None, "replicate", "error")
 MULTIHOST = ("check", "share")
-PRIORS = ("auto", "families", None)
+PRIORS = ("auto", "families", "builtin", None)  # or the path of a learned prior's weights
 UNCONSTRAINED = PartitionSpec.UNCONSTRAINED
 
 
@@ -61,9 +61,9 @@ def check_options(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
         problems.append(bad)
     if extraction not in METHODS:
         problems.append(f"extraction must be 'auto', 'greedy' or 'exact', got {extraction!r}.")
-    if priors not in PRIORS:
-        problems.append(f"priors must be 'auto', 'families' or None, got {priors!r}. Consider priors=None for "
-                        "every layout.")
+    if priors not in PRIORS and not (isinstance(priors, str | os.PathLike) and os.path.isfile(priors)):
+        problems.append(f"priors must be 'auto', 'families', 'builtin', the path of a prior's weights file or "
+                        f"None, got {priors!r}. Consider priors=None for every layout.")
     for label, flag in (("progress", progress), ("fold_loops", fold_loops)):
         bad = optional_bool_problem(label, flag)
         if bad:

@@ -22,6 +22,8 @@ A weight dimension is then ranked by its class:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..egraph.program import Literal, Program
 from ..rules.apply import RuleTables
 from ..rules.registry import rule_for
@@ -63,11 +65,22 @@ def _weight_derived(program: Program, weights: set[int]) -> set[int]:
     return out
 
 
-def tensor_ranks(program: Program, tables: RuleTables, weights: tuple[int, ...], state: tuple[int, ...] = ()
-                 ) -> dict[int, list[tuple[int, int]]]:
-    """Per weight or state argument (flat position): per dimension, (contracted between
-    activations: 0/1, weights sharing its class); smaller ranks first (see the module
-    docstring). Optimizer state shares its weight's classes through the update."""
+@dataclass
+class DimFacts:
+    """The program's (value, dimension) classes: which are contracted between activations or kept
+    whole (`bad`), and which weights (flat positions) share each (`sharing`); by class root."""
+
+    classes: _Classes
+    bad: set[int]
+    sharing: dict[int, set[int]]
+
+    def root(self, vid: int, dim: int) -> int:
+        return self.classes.find(self.classes.node(vid, dim))
+
+
+def dim_facts(program: Program, tables: RuleTables, weights: tuple[int, ...]) -> DimFacts:
+    """The union-find over every equation's factor signature (module docstring), with the
+    classes flagged and the weights counted per class."""
     classes = _Classes(program)
     derived = _weight_derived(program, set(weights))
     flagged: set[int] = set()
@@ -96,15 +109,23 @@ def tensor_ranks(program: Program, tables: RuleTables, weights: tuple[int, ...],
                 classes.union(nodes[0], n)
         if rule_for(eqn.primitive).heavy and not any(r in derived for r in reads):
             flagged.update(n for f in sig.reduction for n in dims.get(f, ()))
-    bad = {classes.find(n) for n in flagged}
     sharing: dict[int, set[int]] = {}
     for pos in weights:
         vid = program.alias(program.args[pos])  # a folded loop's layers: their body's
         for d in range(len(program.values[vid].shape)):
             sharing.setdefault(classes.find(classes.node(vid, d)), set()).add(pos)
+    return DimFacts(classes, {classes.find(n) for n in flagged}, sharing)
+
+
+def tensor_ranks(program: Program, tables: RuleTables, weights: tuple[int, ...], state: tuple[int, ...] = ()
+                 ) -> dict[int, list[tuple[int, int]]]:
+    """Per weight or state argument (flat position): per dimension, (contracted between
+    activations: 0/1, weights sharing its class); smaller ranks first (see the module
+    docstring). Optimizer state shares its weight's classes through the update."""
+    facts = dim_facts(program, tables, weights)
     out: dict[int, list[tuple[int, int]]] = {}
     for pos in (*weights, *state):
         vid = program.alias(program.args[pos])  # a folded loop's layers: their body's
-        roots = [classes.find(classes.node(vid, d)) for d in range(len(program.values[vid].shape))]
-        out[pos] = [(int(r in bad), len(sharing.get(r, ()))) for r in roots]
+        roots = [facts.root(vid, d) for d in range(len(program.values[vid].shape))]
+        out[pos] = [(int(r in facts.bad), len(facts.sharing.get(r, ()))) for r in roots]
     return out

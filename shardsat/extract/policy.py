@@ -43,6 +43,13 @@ NARROW_PAIRS = 200_000
 # 688 ms at width 1 (506k); on 2x2x2 narrowed (priors="families"): 1.010x and 1.043x the whole
 # e-graph's plan
 NARROW_WIDTH = 2
+# a learned prior (priors="builtin" or a weights file, extract/prior.py) keeps each value's
+# best-scored layouts up to this softmax mass, at most PRIOR_PAIRS (value, layout) pairs in all
+# (before egraph/narrow.py adds the layouts with fewer axes). The 4-layer GPT step on 2x2x2:
+# mass 0.99 1.032x the whole e-graph's plan (288k e-nodes), 0.999 1.008x (388k), 0.9999 1.004x
+# (422k, 1.2x the time)
+PRIOR_MASS = 0.999
+PRIOR_PAIRS = 20_000
 METHODS = ("auto", "greedy", "exact")
 
 
