@@ -106,7 +106,8 @@ def test_pins_stay_in_the_narrowed_spaces(mesh222):
     assert_equivalent(plan, f, w, x)
 
 
-def test_a_narrowed_graph_without_a_plan_is_planned_again_whole(mesh222, monkeypatch):
+@pytest.mark.parametrize("priors", ["families", "builtin"])
+def test_a_narrowed_graph_without_a_plan_is_planned_again_whole(mesh222, monkeypatch, priors):
     """Where the prior leaves out what a pin needs (here: a prior that keeps nothing and pins
     it cannot see), the plan comes from every layout instead of an error."""
     def nothing(program, spaces, keep, together=()):
@@ -119,7 +120,7 @@ def test_a_narrowed_graph_without_a_plan_is_planned_again_whole(mesh222, monkeyp
 
     w, x = jnp.ones((64, 64)), jnp.ones((32, 64))
     plan = shardsat.saturate_and_extract(f, mesh222, w, x, in_shardings=(P(None, "model"), P()),
-                                         priors="families")
+                                         priors=priors)
     assert plan.report.narrowed == 0  # planned whole
     assert plan.in_shardings[0].spec == P(None, "model")
     assert_equivalent(plan, f, w, x)
