@@ -43,7 +43,7 @@ class CaseOptions:
     extraction: str | None = None
     fold_loops: bool | None = None
     fallback: str | None = None
-    priors: str | None = "auto"  # "families" narrows every multi-axis case's layouts (egraph/narrow.py)
+    priors: str | None = "auto"  # "families" / "builtin" narrow every multi-axis case's layouts (egraph/narrow.py)
     # resolved once the program's shapes are known (make_program)
     in_shardings: Any = None
     out_shardings: Any = None
@@ -145,7 +145,7 @@ def draw_options(rng: np.random.Generator, *, train: bool, has_opt_state: bool) 
     o.fold_loops = pick([None, True, False], [0.6, 0.25, 0.15])
     o.fallback = pick([None, "replicate"], [0.5, 0.5])
     # drawn last: the options above stay what they were for every seed
-    o.priors = pick(["auto", "families", None], [0.7, 0.25, 0.05]) if n_axes > 1 else "auto"
+    o.priors = pick(["auto", "families", "builtin", None], [0.6, 0.2, 0.15, 0.05]) if n_axes > 1 else "auto"
     if o.state_argnums is not None:
         o.pin_outputs = False  # an output pin on returned state could contradict its input pin
     return o

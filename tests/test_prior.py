@@ -156,3 +156,16 @@ def test_priors_train_writes_weights_the_planner_reads(examples, tmp_path, monke
     w = prior.PriorWeights.load(tmp_path / "w.npz")
     assert "2 examples" in w.about
     assert evaluate(w, examples[0], 0.999, 8).recall > 0.9
+
+
+def test_a_program_with_prng_keys_is_narrowed_by_the_learned_prior(mesh222):
+    """Regression (fuzz seeds 39, 50 with priors="builtin"): a key<fry> value has no numpy dtype;
+    the features read its size as the planner does (egraph/program.itemsize)."""
+    def f(key, x):
+        keys = jax.random.split(key, 8)
+        noise = jax.vmap(lambda k: jax.random.normal(k, (64,)))(keys)
+        return jnp.tanh(x @ x.T) + noise.sum()
+
+    key, x = jax.random.key(0), jax.random.normal(jax.random.PRNGKey(1), (64, 64))
+    plan = shardsat.saturate_and_extract(f, mesh222, key, x, priors="builtin")
+    assert_equivalent(plan, f, key, x, rtol=1e-5)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..egraph.layout import SpaceTable
-from ..egraph.program import Literal, Program
+from ..egraph.program import Literal, Program, itemsize
 from ..rules.apply import RuleTables
 from ..rules.registry import rule_for
 from ..rules.rule import Fuse
@@ -100,7 +100,7 @@ def _value_features(program: Program, spaces: SpaceTable, weights: tuple[int, ..
     out = np.zeros((len(program.values), VALUE_FEATURES), np.float32)
     for vid, v in enumerate(program.values):
         f = out[vid]
-        nbytes = math.prod(v.shape) * np.dtype(v.dtype).itemsize
+        nbytes = math.prod(v.shape) * itemsize(v.dtype)  # a PRNG key's too (fuzz seeds 39, 50)
         f[0], f[1] = math.log2(nbytes + 1) / 32, len(v.shape) / 6
         f[2 + (role.get(vid, 3) if v.arg is not None else 4)] = 1.0
         f[7], f[8], f[9] = vid in outputs, before[vid], after[vid]
@@ -202,7 +202,7 @@ class _LayoutTable:
         mesh, scale, rank = self.spaces.mesh, self.scale, len(shape)
         active = mesh.active
         largest = max(range(rank), key=lambda d: shape[d]) if rank else -1
-        nbytes = math.prod(shape) * np.dtype(dtype).itemsize  # type: ignore[call-overload]
+        nbytes = math.prod(shape) * itemsize(dtype)
         share = np.zeros((len(lids), rank), np.float32)
         base = np.zeros((len(lids), LAYOUT_FEATURES), np.float32)
         for i, lid in enumerate(lids):
