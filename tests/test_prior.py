@@ -4,9 +4,9 @@ weights' format, deterministic training, and plans narrowed by it that compute t
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from helpers import assert_equivalent
+from test_narrow import mlp_step  # the 3-layer MLP AdamW step narrowing is tested on
 
 import shardsat
 import shardsat.api as api
@@ -26,25 +26,6 @@ from shardsat.rules.apply import build_tables
 @pytest.fixture(scope="module")
 def mesh222():
     return jax.make_mesh((2, 2, 2), ("data", "fsdp", "model"))
-
-
-def mlp_step():
-    opt = optax.adamw(1e-2)
-
-    def loss(ws, x):
-        for w in ws:
-            x = jnp.tanh(x @ w)
-        return jnp.mean(x * x)
-
-    def step(state, x):
-        ws, st = state
-        val, g = jax.value_and_grad(loss)(ws, x)
-        upd, st = opt.update(g, st, ws)
-        return (optax.apply_updates(ws, upd), st), val
-
-    key = jax.random.PRNGKey(0)
-    ws = [jax.random.normal(jax.random.fold_in(key, i), (64, 64)) * 0.2 for i in range(3)]
-    return step, (ws, opt.init(ws)), jax.random.normal(key, (32, 64))
 
 
 @pytest.fixture(scope="module")
