@@ -6,6 +6,8 @@ Experts (argument layouts pinned through `in_shardings`, intermediates left to t
 - Megatron: weights column-/row-split over the tensor-parallel axis, batch over the others;
 - FSDP: each weight split over every axis on its largest dimension, batch over every axis;
 - FSDP+TP (meshes with "model"): Megatron over "model" plus the other axes on the free dimension;
+- DP+FSDP+TP (meshes with "fsdp"): Megatron over "model", "fsdp" on the free dimension, the batch
+  over every axis but "model";
 - DP+WUS (training): weights replicated, optimizer state laid out as FSDP (weight-update sharding).
 In training the optimizer state mirrors the weights' layout unless stated otherwise.
 """
@@ -61,6 +63,9 @@ def experts(mesh: Mesh, params: list[Any], opt_state: Any | None) -> dict[str, A
     if ax.dp:
         fsdp_tp = [P(ax.dp, "model") if i % 2 == 0 else P("model", ax.dp) for i in range(len(params))]
         out["FSDP+TP"] = pack(fsdp_tp, fsdp_tp, batch_dp)
+    if "fsdp" in mesh.shape:
+        dp_fsdp_tp = [P("fsdp", "model") if i % 2 == 0 else P("model", "fsdp") for i in range(len(params))]
+        out["DP+FSDP+TP"] = pack(dp_fsdp_tp, dp_fsdp_tp, batch_dp)
     if opt_state is not None:
         out["DP+WUS"] = pack(rep, fsdp, batch_all)
     return out

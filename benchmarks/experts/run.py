@@ -4,6 +4,7 @@ the best expert, per workload and mesh (8 simulated host devices: 8, 2x4, 4x2, 2
     .venv/bin/python benchmarks/experts/run.py                       # everything (~10 min on 2 cores)
     .venv/bin/python benchmarks/experts/run.py --only MLP            # workloads whose name has "MLP"
     .venv/bin/python benchmarks/experts/run.py --meshes 8 2,4        # only these meshes
+    .venv/bin/python benchmarks/experts/run.py --meshes 2,2,2,2      # any mesh: every workload on it
     .venv/bin/python benchmarks/experts/run.py --out FILE.md         # also write the table to FILE.md
 
 Each case is planned freely ("shardsat": nothing pinned) and once per expert layout pinned through
@@ -17,17 +18,21 @@ plan; a row is marked FAIL where one is cheaper by more than 0.1%, and the exit 
 
 from __future__ import annotations
 
-import os
-
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-
 import argparse
 import datetime
+import math
+import os
 import platform
+import re
 import shlex
 import sys
 import time
 from pathlib import Path
+
+# host devices for the largest mesh asked for (8 at least), set before jax is imported
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count="
+                           + str(max([8, *(math.prod(int(x) for x in a.split(","))
+                                           for a in sys.argv[1:] if re.fullmatch(r"\d+(,\d+)*", a))]))).strip()
 
 import jax
 
@@ -53,14 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", metavar="SUBSTRING", help="only workloads whose name contains SUBSTRING (any case)")
     ap.add_argument("--meshes", nargs="+", metavar="SHAPE", type=parse_mesh,
-                    help="only these mesh shapes, e.g. 8 2,4 4,2 2,2,2")
+                    help="these mesh shapes, e.g. 8 2,4 4,2 2,2,2 (every workload on each; 2,2,2,2 too)")
     ap.add_argument("--out", metavar="FILE", help="also write the markdown to FILE")
     ap.add_argument("--profile", default="h100", help="device profile preset (default: h100)")
     ns = ap.parse_args(argv)
 
     cases = [(w, shape) for w in all_workloads()
              if ns.only is None or ns.only.lower() in w.name.lower()
-             for shape in w.meshes if ns.meshes is None or shape in ns.meshes]
+             for shape in (w.meshes if ns.meshes is None else ns.meshes)]
     if not cases:
         ap.error("no workload/mesh matches the filters")
 

@@ -11,6 +11,8 @@ optimizer state mirrors the parameters):
 - FSDP: each parameter split over every axis on its largest dimension, tokens over every axis;
 - FSDP+TP (meshes with "model"): DP+Megatron plus the data axes on each parameter's largest free
   dimension;
+- DP+FSDP+TP (meshes with "fsdp"): DP+Megatron plus "fsdp" alone on each parameter's largest free
+  dimension, tokens over every axis but "model";
 - FSDP+TP+SP (meshes with "seq", 4 axes): FSDP+TP over the data axes but "seq", and the tokens'
   sequence dimension split over "seq".
 """
@@ -133,6 +135,10 @@ def experts(mesh: Mesh, params: Any, opt_state: Any) -> dict[str, Any]:
         fsdp_tp = tree_specs(params, lambda p, x: add_fsdp(megatron_spec(leaf_name(p), ax.tp), x, ax.dp,
                                                            ax.dp_size))
         out["FSDP+TP"] = pack(fsdp_tp, tok_dp)
+    if "fsdp" in mesh.shape:
+        dp_fsdp_tp = tree_specs(params, lambda p, x: add_fsdp(megatron_spec(leaf_name(p), ax.tp), x, ("fsdp",),
+                                                              mesh.shape["fsdp"]))
+        out["DP+FSDP+TP"] = pack(dp_fsdp_tp, tok_dp)
     if "seq" in mesh.shape:  # DP + FSDP + TP + sequence parallelism: tokens' sequence over "seq"
         dp = tuple(a for a in ax.dp if a != "seq")
         size = ax.dp_size // mesh.shape["seq"]
