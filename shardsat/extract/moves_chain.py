@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .planstate import PlanState
-from .searchgraph import SearchGraph, improvement_bar
+from .searchgraph import ROW_WALK_MIN, SearchGraph, improvement_bar
 
 Best = dict[int, tuple[float, int]]  # per chain position: layout -> (cheapest prefix value, node)
 
@@ -134,7 +134,7 @@ def _position(sg: SearchGraph, st: PlanState, chain: list[int], i: int, unary: C
     cur: Best = {}
     links: dict[int, int] = {}
     w_memo: dict[tuple[int, ...], tuple[float, int]] = {}
-    prev_rows: list[tuple[float, int, int, int]] | None = None
+    prev_rows: Ranked | None = None
     prev = chain[i - 1] if i > 0 else -1
     isfinite = math.isfinite
     for n in st.prod[chain[i]]:
@@ -147,7 +147,7 @@ def _position(sg: SearchGraph, st: PlanState, chain: list[int], i: int, unary: C
             hit = w_memo.get(need)
             if hit is None:
                 if prev_rows is None:
-                    prev_rows = _ranked_rows(sg, prev, best[i - 1])
+                    prev_rows = Ranked(sg, prev, best[i - 1])
                 hit = w_memo[need] = _link(sg, prev, prev_rows, fixed_sets[i - 1] | frozenset(need))
             u += hit[0]
             links[n] = hit[1]
@@ -158,20 +158,46 @@ def _position(sg: SearchGraph, st: PlanState, chain: list[int], i: int, unary: C
     return cur, links
 
 
-def _ranked_rows(sg: SearchGraph, prev: int, best_prev: Best) -> list[tuple[float, int, int, int]]:
+class Ranked:
     """The predecessor position's entries (value, entry number, layout row, node), cheapest
     first: resharding costs are >= 0, so once a layout's own value exceeds the best total no
-    later one can win (ties go to the earlier layout, as in a scan of all of them)."""
-    index = sg.paths[sg.group_key[prev]].index
-    return sorted(((val, k, index[lay], pn) for k, (lay, (val, pn)) in enumerate(best_prev.items())))
+    later one can win (ties go to the earlier layout, as in a scan of all of them). The same
+    as columns for the spaces priced a whole row at a time."""
+
+    def __init__(self, sg: SearchGraph, prev: int, best_prev: Best) -> None:
+        index = sg.paths[sg.group_key[prev]].index
+        self.rows = sorted(((val, k, index[lay], pn) for k, (lay, (val, pn)) in enumerate(best_prev.items())))
+        self._cols: tuple[np.ndarray, np.ndarray, np.ndarray, list[int]] | None = None
+
+    def cols(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+        if self._cols is None:
+            self._cols = (np.array([r[0] for r in self.rows], dtype=float),
+                          np.array([r[1] for r in self.rows], dtype=np.int64),
+                          np.array([r[2] for r in self.rows], dtype=np.int64), [r[3] for r in self.rows])
+        return self._cols
 
 
-def _link(sg: SearchGraph, prev: int, prev_rows: list[tuple[float, int, int, int]], t: frozenset[int]
-          ) -> tuple[float, int]:
+def _link_cols(sg: SearchGraph, prev: int, ranked: Ranked, t: frozenset[int]) -> tuple[float, int]:
+    """_link over every entry at once: the cheapest total, ties to the lowest entry number,
+    (inf, -1) where none is finite, exactly as the scan."""
+    vals, ks, rs, pns = ranked.cols()
+    tot = vals + sg.weight_l[prev] * sg.steiner_costs(prev, t)[rs]
+    tot[np.isnan(tot)] = math.inf  # 0 x inf: a row the scan skips
+    m = float(tot.min()) if len(tot) else math.inf
+    if not math.isfinite(m):
+        return math.inf, -1
+    tied = np.flatnonzero(tot == m)
+    return m, pns[int(tied[np.argmin(ks[tied])])]
+
+
+def _link(sg: SearchGraph, prev: int, ranked: Ranked, t: frozenset[int]) -> tuple[float, int]:
     """The cheapest prefix through `prev` once resharded to the layouts `t` asked of it: its
     value and its node."""
     bv, bn = math.inf, -1
     bk = -1
+    prev_rows = ranked.rows
+    if t and len(sg.paths[sg.group_key[prev]].layouts) >= ROW_WALK_MIN:
+        return _link_cols(sg, prev, ranked, t)
     if not t:
         for val, k, _, pn in prev_rows:
             if val > bv:

@@ -47,10 +47,72 @@ class SpacePaths:
     dist: np.ndarray  # [n, n]
     pred: np.ndarray  # [n, n] row of the node before t on the path s -> t (-1: none)
     edge: dict[tuple[int, int], tuple[ReshardEdge, float]]  # cheapest direct edge (u, v) rows
-    # the same as Python lists (numpy scalar indexing costs ~10x a list lookup in steiner's walk)
-    pred_l: list[list[int]] = field(default_factory=list)
-    finite_l: list[list[bool]] = field(default_factory=list)  # dist < inf
     edge_s: dict[tuple[int, int], float] = field(default_factory=dict)  # edge's seconds alone
+    # per source row, pred's row and dist < inf as Python lists (numpy scalar indexing costs ~10x
+    # a list lookup in steiner's walk), made on first use: a 3,456-layout space as lists whole
+    # would take ~0.5 GB
+    row_lists: dict[int, tuple[list[int], list[bool]]] = field(default_factory=dict)
+    # edge_s as sorted keys u * n + v and their seconds, for whole-row tree walks (tree_sums)
+    edge_keys: np.ndarray | None = None
+    edge_vals: np.ndarray | None = None
+
+    def lists(self, s: int) -> tuple[list[int], list[bool]]:
+        hit = self.row_lists.get(s)
+        if hit is None:
+            hit = self.row_lists[s] = (self.pred[s].tolist(), np.isfinite(self.dist[s]).tolist())
+        return hit
+
+    def edge_seconds(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """edge_s[(u, v)] for arrays of direct edges."""
+        n = len(self.layouts)
+        if self.edge_keys is None:
+            keys = sorted((a * n + b, c) for (a, b), c in self.edge_s.items())
+            self.edge_keys = np.array([k for k, _ in keys], dtype=np.int64)
+            self.edge_vals = np.array([c for _, c in keys], dtype=float)
+        assert self.edge_vals is not None
+        return self.edge_vals[np.searchsorted(self.edge_keys, u * n + v)]
+
+    def tree_sums(self, targets: frozenset[int]) -> np.ndarray:
+        """_steiner_sum from every source row at once: per row the same additions in the same
+        order (targets in this frozenset's order, each walked back until the source), so each
+        entry is bit-identical to the walk one source at a time."""
+        n = len(self.layouts)
+        total = np.zeros(n)
+        dead = np.zeros(n, dtype=bool)
+        # row * n + node: node's tree edge already added (only a second target can meet one)
+        counted = np.zeros(n * n, dtype=bool) if len(targets) > 1 else None
+        for lid in targets:
+            x = self.index[lid]
+            dead |= ~np.isfinite(self.dist[:, x])
+            rows = np.flatnonzero(~dead)
+            cur = np.full(len(rows), x, dtype=np.int64)
+            while True:
+                moving = cur != rows
+                if not moving.any():
+                    break
+                rows, cur = rows[moving], cur[moving]
+                u = self.pred[rows, cur]
+                if counted is not None:
+                    code = rows * n + cur
+                    new = ~counted[code]
+                    counted[code[new]] = True
+                    total[rows[new]] += self.edge_seconds(u[new], cur[new])
+                else:
+                    total[rows] += self.edge_seconds(u, cur)
+                cur = u
+        total[dead] = math.inf
+        return total
+
+
+# Spaces up to this many layouts take Floyd-Warshall (numpy, n^3: 0.3 s at 468 layouts); larger
+# ones, a rank-4 value on a 4-axis mesh has 1,296, take scipy's Dijkstra from every source (n^3
+# there is 10 s per space, and the conv net on 2x2x2x2 has dozens). Both give the exact distances;
+# they break ties between equally cheap paths differently, so the smaller spaces keep the order
+# every plan so far was made with.
+FLOYD_MAX_LAYOUTS = 512
+# From this many layouts on, a chain's dynamic program prices every row of a space at once
+# (steiner_costs) rather than walking one resharding tree per row (steiner_cost).
+ROW_WALK_MIN = 512
 
 
 def space_paths(space_id: int, spaces: SpaceTable, edges: Sequence[ReshardEdge], model: CostModel,
@@ -58,26 +120,43 @@ def space_paths(space_id: int, spaces: SpaceTable, edges: Sequence[ReshardEdge],
     sp = spaces.spaces[space_id]
     index = {lid: i for i, lid in enumerate(sp.layouts)}
     n = len(sp.layouts)
-    dist = np.full((n, n), math.inf)
-    np.fill_diagonal(dist, 0.0)
-    pred = np.full((n, n), -1, dtype=np.int64)
     best: dict[tuple[int, int], tuple[ReshardEdge, float]] = {}
     for e in edges:
         u, v = index[e.src], index[e.dst]
         c = model.collective(e.kind, e.axes, space_id, e.src, e.dst, combinable).seconds
         if (u, v) not in best or c < best[(u, v)][1]:
             best[(u, v)] = (e, c)
-            if c < dist[u, v]:
-                dist[u, v] = c
-                pred[u, v] = u
+    direct = {uv: c for uv, (_, c) in best.items() if c < math.inf and uv[0] != uv[1]}
+    dist, pred = (_floyd if n <= FLOYD_MAX_LAYOUTS else _dijkstra)(n, direct)
+    return SpacePaths(index, sp.layouts, dist, pred, best, {uv: c for uv, (_, c) in best.items()})
+
+
+def _floyd(n: int, direct: dict[tuple[int, int], float]) -> tuple[np.ndarray, np.ndarray]:
+    dist = np.full((n, n), math.inf)
+    np.fill_diagonal(dist, 0.0)
+    pred = np.full((n, n), -1, dtype=np.int64)
+    for (u, v), c in direct.items():
+        dist[u, v] = c
+        pred[u, v] = u
     for k in range(n):
         via = dist[:, k : k + 1] + dist[k : k + 1, :]
         better = via < dist - 1e-18
         if better.any():
             dist = np.where(better, via, dist)
             pred = np.where(better, pred[k : k + 1, :], pred)
-    return SpacePaths(index, sp.layouts, dist, pred, best, pred.tolist(), np.isfinite(dist).tolist(),
-                      {uv: c for uv, (_, c) in best.items()})
+    return dist, pred
+
+
+def _dijkstra(n: int, direct: dict[tuple[int, int], float]) -> tuple[np.ndarray, np.ndarray]:
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import dijkstra
+
+    uv = np.array(list(direct), dtype=np.int64).reshape(-1, 2)
+    w = np.array(list(direct.values()), dtype=float)
+    # explicit zeros stay edges in a sparse csgraph input (a free resharding is still a path)
+    dist, pred = dijkstra(csr_matrix((w, (uv[:, 0], uv[:, 1])), shape=(n, n)), directed=True,
+                          return_predecessors=True)
+    return dist, np.where(pred < 0, -1, pred).astype(np.int64)
 
 
 @dataclass
@@ -91,6 +170,7 @@ class SearchCache:
     # frozensets may iterate in other orders, and the first order's float sum is the one kept
     cost: dict[tuple[int, int, frozenset[int]], float] = field(default_factory=dict)
     rows: dict[tuple[int, frozenset[int]], list[float | None]] = field(default_factory=dict)
+    row_costs: dict[tuple[int, frozenset[int]], np.ndarray] = field(default_factory=dict)  # steiner_costs
     # per group: a production list (a plan state's, never mutated once built) and the groups its
     # productions read, kept while the list is the one a state holds (the space moves' snapshots)
     operands: dict[int, tuple[list[int], frozenset[int]]] = field(default_factory=dict)
@@ -268,7 +348,7 @@ class SearchGraph:
         """steiner()'s walk and float sum in its order (so bit-identical), without the edge tuple; cached."""
         index, edge_s = sp.index, sp.edge_s
         s = index[src_layout]
-        pred, finite = sp.pred_l[s], sp.finite_l[s]
+        pred, finite = sp.lists(s)
         used: set[tuple[int, int]] = set()
         total = 0.0
         for t_lid in targets:
@@ -294,6 +374,18 @@ class SearchGraph:
         if row is None:
             row = self.cache.rows[key] = [None] * len(self.paths[self.group_key[grp]].layouts)
         return row
+
+    def steiner_costs(self, grp: int, targets: frozenset[int]) -> np.ndarray:
+        """steiner_cost() to these targets from every source row, walked in numpy: for the
+        spaces with so many layouts (ROW_WALK_MIN) that one walk per row is the search's cost.
+        Each entry is the sum steiner_cost() takes in this frozenset's order; where an equal set
+        was summed in another order first, the two may differ in the last bit (the chain search
+        only proposes with these; its moves are accepted on the plan's exact cost)."""
+        key = (self.group_pk[grp], targets)
+        hit = self.cache.row_costs.get(key)
+        if hit is None:
+            hit = self.cache.row_costs[key] = self.paths[self.group_key[grp]].tree_sums(targets)
+        return hit
 
     def demands(self, n: int) -> dict[int, tuple[int, ...]]:
         """Layouts node n needs of each operand group."""
