@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import shardsat.extract.moves_chain as moves_chain
 import shardsat.extract.searchgraph as searchgraph
 from shardsat.extract.searchgraph import SearchCache, SearchGraph, SpacePaths, _dijkstra, _floyd
 
@@ -57,6 +56,24 @@ def test_dijkstra_distances_equal_floyd(seed: int, n: int) -> None:
                 assert _walk(dj, 100 + s, frozenset({100 + t})) == pytest.approx(dj.dist[s, t], rel=1e-12, abs=1e-18)
 
 
+@given(st.integers(0, 10_000), st.integers(2, 30))
+def test_dijkstra_pred_is_the_lowest_tight_edge(seed: int, n: int) -> None:
+    """Ties are broken by a rule, not by scipy's heap order: each step back from a target is the
+    lowest-numbered layout on a cheapest last edge (free edges aside), whatever order the edges
+    came in."""
+    rng = random.Random(seed)
+    direct = {(u, v): rng.choice([1e-6, 2e-6, 3e-6]) for u in range(n) for v in rng.sample(range(n), min(n, 4)) if u != v}
+    dist, pred = _dijkstra(n, direct)
+    shuffled = list(direct.items())
+    rng.shuffle(shuffled)
+    assert (_dijkstra(n, dict(shuffled))[1] == pred).all()
+    for s in range(n):
+        for t in range(n):
+            tight = [u for (u, v), c in direct.items()
+                     if v == t and dist[s, u] < dist[s, t] and math.isclose(dist[s, u] + c, dist[s, t], rel_tol=1e-12)]
+            assert pred[s, t] == (min(tight) if tight and s != t else -1), (s, t)
+
+
 @given(st.integers(0, 10_000), st.integers(2, 30), st.data())
 def test_tree_sums_bit_identical_to_the_walk(seed: int, n: int, data: st.DataObject) -> None:
     fl, dj = _random_space(seed, n)
@@ -89,7 +106,6 @@ def test_chain_search_same_plan_with_rows_priced_at_once(monkeypatch: pytest.Mon
     plans = []
     for threshold in (10**9, 0):
         monkeypatch.setattr(searchgraph, "ROW_WALK_MIN", threshold)
-        monkeypatch.setattr(moves_chain, "ROW_WALK_MIN", threshold)
         plans.append(shardsat.saturate_and_extract(step, mesh, *args, priors=None))
     assert plans[0].cost.total_s == plans[1].cost.total_s
     assert decisions(plans[0]) == decisions(plans[1])

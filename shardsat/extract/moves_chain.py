@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .planstate import PlanState
-from .searchgraph import ROW_WALK_MIN, SearchGraph, improvement_bar
+from .searchgraph import SearchGraph, improvement_bar
 
 Best = dict[int, tuple[float, int]]  # per chain position: layout -> (cheapest prefix value, node)
 
@@ -196,7 +196,7 @@ def _link(sg: SearchGraph, prev: int, ranked: Ranked, t: frozenset[int]) -> tupl
     bv, bn = math.inf, -1
     bk = -1
     prev_rows = ranked.rows
-    if t and len(sg.paths[sg.group_key[prev]].layouts) >= ROW_WALK_MIN:
+    if t and sg.prices_rows(prev):
         return _link_cols(sg, prev, ranked, t)
     if not t:
         for val, k, _, pn in prev_rows:
