@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 
 from .layout import Layout, SpaceTable
 from .program import Literal, Program
+from .unionfind import UnionFind
 
 
 def fewer_axes(lay: Layout) -> set[Layout]:
@@ -32,25 +33,7 @@ def fewer_axes(lay: Layout) -> set[Layout]:
     return out
 
 
-class _Union:
-    def __init__(self) -> None:
-        self.parent: dict[int, int] = {}
-
-    def find(self, x: int) -> int:
-        root = x
-        while self.parent.get(root, root) != root:
-            root = self.parent[root]
-        while x != root:
-            self.parent[x], x = root, self.parent.get(x, x)
-        return root
-
-    def join(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb)] = min(ra, rb)
-
-
-def _same_computation(program: Program, union: _Union) -> None:
+def _same_computation(program: Program, union: UnionFind) -> None:
     """Join the outputs of equations with one key (literals are part of it) and the same operands."""
     seen: dict[tuple[object, ...], list[int]] = {}
     for eqn in program.equations:
@@ -59,7 +42,7 @@ def _same_computation(program: Program, union: _Union) -> None:
         ops = tuple(-1 if isinstance(a, Literal) else union.find(program.alias(a)) for a in eqn.inputs)
         first = seen.setdefault((eqn.key, ops), list(eqn.outputs))
         for a, b in zip(first, eqn.outputs, strict=True):
-            union.join(a, b)
+            union.union(a, b)
 
 
 def narrow_spaces(program: Program, spaces: SpaceTable, keep: Mapping[int, Iterable[int]],
@@ -67,11 +50,11 @@ def narrow_spaces(program: Program, spaces: SpaceTable, keep: Mapping[int, Itera
     """Narrow every value in `keep` (value id -> layout ids) to those layouts, with fewer axes
     and replicated; the pairs in `together` and equal computations share a set. Returns the
     number of (value, layout) pairs left out."""
-    union = _Union()
+    union = UnionFind(len(program.values))
     for a, b in together:
-        union.join(program.alias(a), program.alias(b))
+        union.union(program.alias(a), program.alias(b))
     for a, b in program.equivalences:
-        union.join(program.alias(a), program.alias(b))
+        union.union(program.alias(a), program.alias(b))
     _same_computation(program, union)
     table = spaces.layouts
     shared: dict[int, set[int]] = {}

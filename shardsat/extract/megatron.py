@@ -25,11 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..egraph.program import Literal, Program
+from ..egraph.unionfind import UnionFind
 from ..rules.apply import RuleTables
 from ..rules.registry import rule_for
 
 
-class _Classes:
+class _Classes(UnionFind):
     """Union-find over (value, dimension)."""
 
     def __init__(self, program: Program) -> None:
@@ -38,21 +39,10 @@ class _Classes:
         for v in program.values:
             self.offset.append(n)
             n += len(v.shape)
-        self.parent = list(range(n))
+        super().__init__(n)
 
     def node(self, vid: int, dim: int) -> int:
         return self.offset[vid] + dim
-
-    def find(self, x: int) -> int:
-        while self.parent[x] != x:
-            self.parent[x] = self.parent[self.parent[x]]
-            x = self.parent[x]
-        return x
-
-    def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb)] = min(ra, rb)
 
 
 def _weight_derived(program: Program, weights: set[int]) -> set[int]:
