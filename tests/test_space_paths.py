@@ -49,10 +49,15 @@ def test_dijkstra_distances_equal_floyd(seed: int, n: int) -> None:
     assert (np.isfinite(fl.dist) == np.isfinite(dj.dist)).all()
     fin = np.isfinite(fl.dist)
     np.testing.assert_allclose(fl.dist[fin], dj.dist[fin], rtol=1e-12, atol=1e-18)
-    # every predecessor chain is a cheapest path: walking it sums to the distance
+    # every predecessor chain reaches its source (no cycle, free edges included) and is a
+    # cheapest path: walking it sums to the distance
     for s in range(n):
         for t in range(n):
             if fin[s, t]:
+                x, steps = t, 0
+                while x != s and steps <= n:
+                    x, steps = int(dj.pred[s, x]), steps + 1
+                assert x == s, (s, t)
                 assert _walk(dj, 100 + s, frozenset({100 + t})) == pytest.approx(dj.dist[s, t], rel=1e-12, abs=1e-18)
 
 
