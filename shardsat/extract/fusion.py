@@ -14,7 +14,7 @@ PrimitiveRule (rules/registry.py) states its kind: the memory model's view of
 
 from __future__ import annotations
 
-from ..egraph.program import Equation
+from ..egraph.program import Equation, Literal
 from ..rules.registry import rule_for
 from ..rules.rule import Fuse
 
@@ -75,6 +75,31 @@ def ynn_reduce(eqn: Equation, shape: tuple[int, ...], dtype: object, producer: E
     if producer.name == "integer_pow":  # x ** 2 is a multiply in HLO
         return producer.params.get("y") != 2
     return producer.name not in YNN_KEPT_PRODUCERS or masks
+
+
+# views XLA makes bitcasts: a library fusion reads through them to the op that feeds them
+YNN_VIEWS = frozenset({"reshape", "squeeze", "expand_dims"})
+# elementwise ops YNNPACK runs inside its fusion (ynn_support.cc's unary and binary op maps)
+YNN_ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "max", "min", "neg", "abs", "exp", "log", "tanh",
+                             "logistic", "sqrt", "rsqrt", "square", "floor", "ceil", "round", "sign"})
+
+
+LiteralKey = tuple[str, str, tuple[int, ...]]  # a scalar literal's value, dtype and the shape it is broadcast to
+
+
+def ynn_literal_broadcast(op: Equation, down: bool = False) -> bool:
+    """Is `op`, an op a library reduction's fusion takes in (the one beneath it, looked through
+    views, or with `down` its reader), one whose scalar literal operand may stay a buffer?
+    XLA broadcasts the literal to the op's shape, and CSE makes one broadcast of every equal
+    literal at that shape; the library fusion takes in only producers whose users are all
+    inside it, so a broadcast another op also reads (a relu's 0.0, which its gradient's
+    comparison reads too) is materialised by its own loop fusion (`wrapped_broadcast` feeding
+    a `ynn_fusion` in an XLA:CPU dump): a full-size buffer the breadth-first schedule writes at
+    the start, as it reads only a constant. A multiply is taken in only downwards (beneath the
+    reduction it keeps the reduction XLA's own, ynn_reduce)."""
+    if op.name not in YNN_ELEMENTWISE or (op.name == "mul" and not down):
+        return False
+    return any(isinstance(a, Literal) for a in op.inputs) and any(isinstance(a, int) for a in op.inputs)
 
 
 def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: bool,

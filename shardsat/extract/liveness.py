@@ -53,6 +53,17 @@ class Timeline:
         self.spaces = spaces
         self.tables = tables  # the strategies, where the graph has no children (a loaded plan)
         self._whole: dict[tuple[int, int], bool] = {}  # (id of an equation, operand) -> reads_whole
+        self._fed: dict[int, Equation] = {}  # id of a library reduction -> the op computing its operand
+        self._n_reads: dict[int, int] = {}  # value -> equations reading it
+        self._reader: dict[int, Equation] = {}  # value -> an equation reading it
+        self._literals: dict[fusion.LiteralKey, int] = {}  # a scalar literal at a shape -> its readers
+        for e in program.equations:
+            for a in e.inputs:
+                if isinstance(a, int):
+                    self._n_reads[a] = self._n_reads.get(a, 0) + 1
+                    self._reader[a] = e
+            for lk in self._literal_keys(e):
+                self._literals[lk] = self._literals.get(lk, 0) + 1
         self.seq = execution_order(program)
         self._keys()
         self._static_stored()
@@ -64,6 +75,7 @@ class Timeline:
         # per position and operand: does the reader need it whole (every plan's liveness reads it)
         self.whole_at = [[isinstance(a, int) and self.reads_whole(e, pos, a) for pos, a in enumerate(e.inputs)]
                          for e in self.seq]
+        self.literal_broadcasts = self._literal_broadcasts()
 
     # -- static structure ---------------------------------------------------------------------
     def key(self, v: int) -> Key | None:
@@ -226,9 +238,53 @@ class Timeline:
         v = self.program.values[a]
         library = False
         if fusion.kind(e) == fusion.Fuse.REDUCE and pos == 0:
-            src = self.program.equations[v.producer] if v.producer is not None else None
+            src = self._through_view(a)
             library = fusion.ynn_reduce(e, v.shape, v.dtype, src, src is not None and self._masks(src))
+            if library and src is not None:
+                self._fed[id(e)] = src
         return fusion.reads_whole(e, pos, len(v.shape), library)
+
+    def _through_view(self, a: int) -> Equation | None:
+        """The equation computing value `a`, looked through a view that is its source's only
+        reader (XLA makes the view a bitcast inside the reduction's fusion, which then reads
+        the op beneath it)."""
+        prog = self.program
+        p = prog.values[a].producer
+        src = prog.equations[p] if p is not None else None
+        if src is None or src.name not in fusion.YNN_VIEWS or self._n_reads.get(a, 0) != 1:
+            return src
+        b = src.inputs[0] if src.inputs else None
+        if not isinstance(b, int) or self._n_reads.get(b, 0) != 1 or prog.values[b].producer is None:
+            return src
+        below = prog.equations[prog.values[b].producer]  # type: ignore[index]
+        return below if below.name not in fusion.YNN_KEPT_PRODUCERS else src
+
+    def _literal_keys(self, e: Equation) -> list[fusion.LiteralKey]:
+        """The scalar literals `e` reads, each at the shape of its result (XLA broadcasts it there)."""
+        if not e.outputs:
+            return []
+        shape = tuple(self.program.values[e.outputs[0]].shape)
+        return [(repr(a.value), str(a.dtype), shape) for a in e.inputs if isinstance(a, Literal)]
+
+    def _literal_broadcasts(self) -> list[tuple[int, Key, fusion.LiteralKey]]:
+        """(position of a library reduction, key of an op its fusion takes in, the literal) where
+        XLA materialises that op's scalar literal operand (fusion.ynn_literal_broadcast): the op
+        beneath the reduction and the one elementwise reader of its result (the fusion grows
+        down into it), when another op reads the same literal at the same shape."""
+        out: list[tuple[int, Key, fusion.LiteralKey]] = []
+        for t, e in enumerate(self.seq):
+            fed = self._fed.get(id(e))
+            if fed is None or not self.first[t] or not e.outputs:
+                continue
+            r = self._reader.get(e.outputs[0]) if self._n_reads.get(e.outputs[0], 0) == 1 else None
+            for op in (fed, r):
+                if op is None or not fusion.ynn_literal_broadcast(op, down=op is r):
+                    continue
+                k = self.key(op.outputs[0]) if op.outputs else None
+                for lk in self._literal_keys(op):
+                    if k is not None and self._literals.get(lk, 0) > 1:
+                        out.append((t, k, lk))
+        return out
 
     def _masks(self, e: Equation) -> bool:
         """A multiply by a boolean converted to a number (XLA makes it a select)."""
@@ -388,8 +444,9 @@ class PlanLiveness:
             for pos, (ka, lid, whole) in enumerate(reads[t]):
                 if lid is not None and lid != self.produced.get(ka):
                     self.view_readers.setdefault((ka, lid), set()).add(t)
-                c = self._copy_time(t, ka, lid) if pos in copied else lo
-                self.read(ka, lid, min(c, lo), c if pos in copied else hi, whole)
+                cp = pos in copied and not self._written_transposed(ka, lid)
+                c = self._copy_time(t, ka, lid) if cp else lo
+                self.read(ka, lid, min(c, lo), c if cp else hi, whole)
             for c, (ka, lid, whole) in self._recomputed(t, reads):
                 self.read(ka, lid, min(c, lo), c, whole)
         self._init_reads()
@@ -401,6 +458,17 @@ class PlanLiveness:
         self._views()
         self._combine()
         self._transposes(reads)
+        self._literal_broadcasts()
+
+    def _literal_broadcasts(self) -> None:
+        """A broadcast literal the library reductions read (Timeline._literal_broadcasts): one
+        buffer per literal and shape (XLA's CSE), written at the start, read by the last of them."""
+        spans: dict[object, tuple[int, int]] = {}
+        for t, k, lk in self.tl.literal_broadcasts:
+            if k in self.produced:
+                size = self.tl.size(k, self.produced[k])
+                spans[lk] = (max(t, spans.get(lk, (t, 0))[0]), max(size, spans.get(lk, (0, size))[1]))
+        self.transient += [(0, t, size) for t, size in spans.values()]
 
     def _reads(self) -> list[list[tuple[Key, int | None, bool]]]:
         tl = self.tl
@@ -530,6 +598,13 @@ class PlanLiveness:
                 out += [(c, r) for r in reads[src]]
         return out
 
+    def _written_transposed(self, k: Key, lid: int | None) -> bool:
+        """Is a dot operand that XLA transposes written in the dot's order by its producer (the
+        dot its only reader, not a view)? Then no copy is made: the operand itself lives until
+        the dot."""
+        b = (k, lid if lid is not None else self.produced.get(k, -1))
+        return b not in self.step_to and self.tl.n_readers.get(k, 0) <= 1 and k in self.tl.made_at
+
     def _transposes(self, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
         """A dot operand XLA transposes is copied as soon as it exists (breadth-first) and read
         by the dot; one whose only reader is the dot is written transposed (no copy)."""
@@ -540,7 +615,7 @@ class PlanLiveness:
             for pos in ops:
                 k, lid, _ = reads[t][pos]
                 b = (k, lid if lid is not None else self.produced.get(k, -1))
-                if b[1] < 0 or (b not in self.step_to and tl.n_readers.get(k, 0) <= 1 and k in tl.made_at):
+                if b[1] < 0 or self._written_transposed(k, lid):
                     continue
                 start = self.born.get(b, -1) + 1
                 self.transient.append((min(start, t), t, tl.size(*b)))

@@ -144,9 +144,15 @@ class MemoryModel:
 
     def _donated(self, live: PlanLiveness, alloc: Allocation, arg: int, out: Buf,
                  combined: tuple[tuple[int, int], ...]) -> list[Temp]:
-        """The old value of a donated argument holds its buffer until its last read; where a
+        """The old value of a donated argument holds its buffer until its last read. Where a
         reader is not provably before the new value's producer, XLA copies the argument first
-        and the buffer is free from the start (returns the copy)."""
+        (copy insertion; returns the copy). Where the new value is computed in place from the
+        old one (an elementwise update in the argument's own layout), the update still reads
+        the parameter itself and only the readers not provably before it read the copy (an
+        XLA:CPU dump shows the copy, fused with a layout change, read by exactly those): the
+        copy lives until their last read and the buffer holds the old value until the update.
+        Where the new value is a view (gathered after an update on shards, which slices the
+        copy), every reader reads the copy and the buffer is free from the start."""
         tl, ch = self.timeline, live.ch
         ka, grp = tl.key(arg), self.graph.value_group.get(arg)
         if ka is None or grp not in ch:
@@ -154,11 +160,16 @@ class MemoryModel:
         b = (ka, ch[grp].layout)
         last = live.last.get(b, 0)
         made = tl.made_at.get(out[0])
-        if made is None or tl.runs_before(live.direct.get(ka, set()), made, combined):
+        readers = live.direct.get(ka, set())
+        if made is None or tl.runs_before(readers, made, combined):
             alloc.busy.append((0, last, False))
             return []
-        alloc.busy.append((0, 0, False))
-        return [Temp(tl.size(*b), 0, last, tag=b)]
+        if out not in live.inplace:  # the new value is a view (gathered after an update on shards)
+            alloc.busy.append((0, 0, False))
+            return [Temp(tl.size(*b), 0, last, tag=b)]
+        late = [r2 for r in readers if not tl.runs_before({r}, made, combined) for r2 in tl.mreaders.get(r, (r,))]
+        alloc.busy.append((0, made, False))
+        return [Temp(tl.size(*b), 0, min(last, max(late, default=last)), tag=b)]
 
     def gradients(self, ex: Extraction) -> int:
         """Reduced gradients: contraction-derived values with a weight's shape that feed no
