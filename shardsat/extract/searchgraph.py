@@ -174,7 +174,7 @@ def _dijkstra(n: int, direct: dict[tuple[int, int], float]) -> tuple[np.ndarray,
 
 
 def _lowest_tight_pred(dist: np.ndarray, pred: np.ndarray, uv: np.ndarray, w: np.ndarray,
-                       block: int = 32) -> None:
+                       cells: int = 1 << 18) -> None:
     """Re-pick, in place, each pred[s, v] as the lowest-numbered u on a tight edge u -> v (one a
     cheapest path to v ends with). Equally cheap reshardings are the rule, and which one scipy's
     heap order leaves is an implementation detail the path-dependent search would inherit (a
@@ -190,7 +190,8 @@ def _lowest_tight_pred(dist: np.ndarray, pred: np.ndarray, uv: np.ndarray, w: np
     starts = np.flatnonzero(np.r_[True, v[1:] != v[:-1]])
     heads = v[starts]
     none = pred.shape[0]
-    for a in range(0, pred.shape[0], block):  # blocks of rows whose [rows, edges] temps stay in cache
+    block = max(1, cells // len(w))  # rows at a time: [rows, edges] temporaries of about `cells`
+    for a in range(0, pred.shape[0], block):  # (2 MiB), which stay in cache
         d = dist[a : a + block]
         d = np.where(np.isinf(d), np.nan, d)  # unreached: every comparison below is false
         to_v, to_u = d[:, v], d[:, u]
