@@ -17,7 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import shardsat.extract.searchgraph as searchgraph
-from shardsat.extract.searchgraph import SearchCache, SearchGraph, SpacePaths, _dijkstra, _floyd
+from shardsat.extract.searchgraph import SearchCache, SearchGraph
+from shardsat.extract.spacepaths import SpacePaths, _dijkstra, _floyd
 
 
 def _random_space(seed: int, n: int) -> tuple[SpacePaths, SpacePaths]:

@@ -37,7 +37,8 @@ from .moves_tie import move_tie
 from .moves_value import alternatives, improve
 from .planstate import PlanState
 from .result import Extraction, GroupChoice, ReshardStep
-from .searchgraph import EPS, SearchGraph, SpacePaths, Tree, space_paths
+from .searchgraph import EPS, SearchGraph, Tree
+from .spacepaths import SpacePaths, space_paths
 from .start import choose_roots, choose_top_down, estimates
 
 Roots = Sequence[tuple[int, frozenset[int] | None]]
