@@ -134,6 +134,14 @@ ALL_OLD = (set(OLD_SIGNATURES) | set(OLD_UNSUPPORTED) | OLD_FUSIBLE | OLD_HEAVY 
            | set(OLD_PINS) | OLD_ADDITIVE | OLD_UNARY_LINEAR | OLD_CHEAP | OLD_EXPENSIVE | OLD_REDUCE
            | OLD_INPLACE | OLD_INPLACE_OPAQUE | OLD_REREADS)
 
+# ---- rules changed or added since those tables, each by its own commit: `complex` (real and
+# imaginary parts zipped) got the elementwise signature it lacked (it was known to fusion only);
+# `fft` is replicated by rule (XLA's partitioner all-gathers its operand whatever is split)
+OLD_SIGNATURES |= {"complex": p.elementwise, "fft": p.replicated}
+OLD_ELEMENTWISE = [*OLD_ELEMENTWISE, "complex"]
+OLD_FUSIBLE = OLD_FUSIBLE | {"complex"}
+ALL_OLD = ALL_OLD | {"fft"}
+
 
 def _old_linear(name: str, t: EqnTypes) -> tuple[tuple[int, ...], ...]:
     """The old rules/primitives.py `_linear_groups` (applied by the elementwise builder only)."""

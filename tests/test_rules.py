@@ -169,3 +169,26 @@ def test_golden_signatures():
     assert s.operands[0][1][0] in s.need_replication and s.operands[0][0][0] not in s.need_replication
     s = sig_of(lambda a: a.sum(1), rnd(4, 6))
     assert s.operands[0][1][0] in s.reduction and s.linear == ((0,),)
+
+
+def test_complex_values_and_ffts_plan_by_rule(mesh):
+    """`complex` is pointwise and shards; an fft is replicated by rule (XLA's partitioner gathers
+    its operand whatever is split), so neither falls back; a complex zero pad value used to crash
+    pad's rule (float() of a complex), which fell back to replicated."""
+    import warnings
+
+    from shardsat.testing import check_collectives
+
+    def f(x, y, w):
+        z = jax.lax.complex(x, y)
+        spec = jnp.fft.rfft(jnp.tanh(x @ w), axis=-1)
+        padded = jnp.pad(z, ((0, 0), (1, 2)))
+        return jnp.abs(z) * 2, jnp.abs(spec).sum(0), jnp.real(padded)
+
+    args = (rnd(64, 32), rnd(64, 32, seed=1), rnd(32, 16, seed=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", shardsat.FallbackWarning)
+        plan = shardsat.saturate_and_extract(f, mesh, *args)
+    check_plan(plan, *args)
+    check_collectives(plan, *args)
+    assert plan.report.fallbacks == []

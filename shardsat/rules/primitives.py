@@ -306,7 +306,7 @@ def pad(t: EqnTypes) -> FactorSignature:
     cfg = t.params["padding_config"]
     fixed = {d for d, (lo, hi, it) in enumerate(cfg) if lo or hi or it}
     # A pending sum passes through padding only if every device pads with a literal zero.
-    zero_pad = len(t.literal) > 1 and t.literal[1] and float(np.asarray(t.literal_values[1])) == 0.0
+    zero_pad = len(t.literal) > 1 and t.literal[1] and not np.asarray(t.literal_values[1]).any()  # complex too
     linear: tuple[tuple[int, ...], ...] = ((0,),) if zero_pad else ()
     return _same_except(t, fixed, [0], linear=linear)
 

@@ -64,6 +64,7 @@ _BUILTIN: list[PrimitiveRule] = [
     *(_ew(name, all_operands) for name in ("add", "add_any", "sub")),
     *(_ew(name, first_operand) for name in ("neg", "copy", "copy_p", "real", "imag", "conj", "stop_gradient",
                                             "device_put")),
+    _ew("complex"),  # real and imaginary parts zipped: pointwise, a pending sum not passed through
     _ew("div", first_operand, fuse=Fuse.EXPENSIVE),
     _ew("mul", each_operand),
     _ew("select_n", select_cases),
@@ -101,6 +102,9 @@ _BUILTIN: list[PrimitiveRule] = [
     _op("rev", p.rev, fusible=True, fuse=Fuse.CHEAP),
     _op("sort", p.sort, sorts_in_place=True),
     _op("top_k", p.top_k),
+    # XLA's partitioner all-gathers an fft's operand even where only batch dimensions are split
+    # (jax 0.10, CPU): replicated by rule, so the plan predicts the gather that runs
+    _replicated("fft"),
     _op("split", p.split, fusible=True, fuse=Fuse.CHEAP),
     _op("bitcast_convert_type", p.bitcast_convert_type, fusible=True, fuse=Fuse.CHEAP),
     # uninitialised buffers (scan's transpose makes them): any layout, nothing to compute
@@ -120,7 +124,6 @@ _BUILTIN: list[PrimitiveRule] = [
     _op("gather", ix.gather, localize=operand_sizes("slice_sizes"), fuse=Fuse.GATHER),
     *(_op(name, ix.scatter, fuse=Fuse.INPLACE) for name in ix.SCATTERS),
     # ---- no signature yet, but known to XLA's fusion (the memory model)
-    PrimitiveRule("complex", fuse=Fuse.CHEAP),
     PrimitiveRule("scatter_apply", fuse=Fuse.INPLACE),
     # ---- windowed.py: convolutions and windowed reductions
     _op("conv_general_dilated", w.conv_general_dilated, heavy=True),
