@@ -3,6 +3,7 @@ emits the collectives the plan predicts."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from typing import Any
 
@@ -61,7 +62,11 @@ def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any
                                    "(the planned function).")
     fn = reference if reference is not None else plan.fn
     got = plan.jit(donate_argnums=())(*args)
-    want = jax.jit(fn)(*args)
+    # under the plan's mesh where the caller has none, as the plan was traced: a
+    # with_sharding_constraint(x, P(...)) in `fn` needs a mesh in context
+    bare = plan.runtime_mesh is not None and jax.sharding.get_abstract_mesh().empty
+    with jax.set_mesh(plan.runtime_mesh) if bare else contextlib.nullcontext():
+        want = jax.jit(fn)(*args)
     gl, gt = jax.tree_util.tree_flatten(got)
     wl, wt = jax.tree_util.tree_flatten(want)
     if gt != wt:

@@ -12,6 +12,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import shardsat
+from shardsat.testing import check_plan
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,9 @@ def test_with_sharding_constraint_with_a_bare_partition_spec(mesh):
     assert plan.layout_of(pinned.outputs[0]).spec(plan.axes) == P("data")
     out = plan.jit()(jnp.ones((8, 16)))
     assert float(out.sum()) == 8 * 16 * 3
+    # check_plan's unsharded run needs the mesh in context as much as the tracing did (it
+    # raised jax's "requires a non-empty mesh in context")
+    check_plan(plan, jnp.arange(128.0).reshape(8, 16))
 
 
 def test_equations_traced_inside_jax_name_the_users_line(mesh):
