@@ -136,11 +136,13 @@ ALL_OLD = (set(OLD_SIGNATURES) | set(OLD_UNSUPPORTED) | OLD_FUSIBLE | OLD_HEAVY 
 
 # ---- rules changed or added since those tables, each by its own commit: `complex` (real and
 # imaginary parts zipped) got the elementwise signature it lacked (it was known to fusion only);
-# `fft` is replicated by rule (XLA's partitioner all-gathers its operand whatever is split)
-OLD_SIGNATURES |= {"complex": p.elementwise, "fft": p.replicated}
+# `fft` is replicated by rule (XLA's partitioner all-gathers its operand whatever is split);
+# `ragged_dot_general` (lax.ragged_dot) got a signature and is heavy, as dot_general
+OLD_SIGNATURES |= {"complex": p.elementwise, "fft": p.replicated, "ragged_dot_general": p.ragged_dot_general}
 OLD_ELEMENTWISE = [*OLD_ELEMENTWISE, "complex"]
 OLD_FUSIBLE = OLD_FUSIBLE | {"complex"}
-ALL_OLD = ALL_OLD | {"fft"}
+OLD_HEAVY = OLD_HEAVY | {"ragged_dot_general"}
+ALL_OLD = ALL_OLD | {"fft", "ragged_dot_general"}
 
 
 def _old_linear(name: str, t: EqnTypes) -> tuple[tuple[int, ...], ...]:

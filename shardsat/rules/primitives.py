@@ -106,6 +106,48 @@ def dot_general(t: EqnTypes) -> FactorSignature:
                 linear=((0,), (1,)), flops=2.0 * t.out_size * k)
 
 
+def ragged_dot_general(t: EqnTypes) -> FactorSignature:
+    """A grouped matrix product (lax.ragged_dot: an MoE's experts): rows of the lhs's ragged
+    dimension belong to consecutive groups of group_sizes. Like dot_general, batch, free and
+    contracted dimensions split (XLA partitions them so), but the ragged dimension and the
+    groups stay whole: a device's rows find their group by global position. Where the ragged
+    dimension is contracted (the weight gradient) the result gains the group dimension first."""
+    rdn = t.params["ragged_dot_dimension_numbers"]
+    (lc, rc), (lb, rb) = rdn.dot_dimension_numbers
+    ragged, groups = tuple(rdn.lhs_ragged_dimensions), tuple(rdn.rhs_group_dimensions)
+    if len(ragged) != 1 or ragged[0] in lb:
+        raise ValueError(f"ragged dimensions {ragged} with batch dimensions {tuple(lb)}: no rule yet")
+    r = ragged[0]
+    lr, rr = len(t.in_shapes[0]), len(t.in_shapes[1])
+    lhs: list[tuple[str, ...]] = [()] * lr
+    rhs: list[tuple[str, ...]] = [()] * rr
+    out: list[tuple[str, ...]] = [("g",)] if r in lc else []
+    whole = {"g", "r"}
+    for i, (a, b) in enumerate(zip(lb, rb, strict=True)):
+        lhs[a] = rhs[b] = (f"b{i}",)
+        out.append((f"b{i}",))
+    for i, (a, b) in enumerate(zip(lc, rc, strict=True)):
+        lhs[a] = rhs[b] = ("r",) if a == r else (f"k{i}",)
+    for i in range(lr):
+        if i not in lc and i not in lb:
+            lhs[i] = ("r",) if i == r else (f"m{i}",)
+            out.append(lhs[i])
+    for d in groups:
+        rhs[d] = ("g",)
+    for i in range(rr):
+        if i not in rc and i not in rb and i not in groups:
+            rhs[i] = (f"n{i}",)
+            out.append((f"n{i}",))
+    if len(t.in_shapes[2]) != len(lb) + 1:
+        raise ValueError(f"group_sizes of shape {t.in_shapes[2]} with {len(lb)} batch dimensions: no rule yet")
+    group_sizes = (*((f"b{i}",) for i in range(len(lb))), ("g",))
+    reduction = frozenset(f"k{i}" for i, a in enumerate(lc) if a != r)
+    free_n = math.prod(t.in_shapes[1][i] for i in range(rr) if i not in rc and i not in rb and i not in groups)
+    return _sig(t, [tuple(lhs), tuple(rhs), group_sizes], [tuple(out)], reduction=reduction,
+                need_replication=frozenset(whole), linear=((0,), (1,)),
+                flops=2.0 * math.prod(t.in_shapes[0]) * free_n)
+
+
 def _reduce(t: EqnTypes, *, summed: bool) -> FactorSignature:
     axes = tuple(t.params["axes"])
     fac = _dims("d", len(t.in_shapes[0]))

@@ -75,6 +75,7 @@ _BUILTIN: list[PrimitiveRule] = [
     _op("reshard", p.elementwise, linear=first_operand, pin="dst_sharding", fuse=Fuse.CHEAP),
     # ---- contractions and reductions
     _op("dot_general", p.dot_general, heavy=True),
+    _op("ragged_dot_general", p.ragged_dot_general, heavy=True),
     _op("reduce_sum", p.reduce_sum, fuse=Fuse.REDUCE),
     *(_op(name, p.reduce_other, fuse=Fuse.REDUCE)
       for name in ("reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor")),
