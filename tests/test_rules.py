@@ -210,7 +210,9 @@ def test_ragged_dot_splits_its_free_and_contracted_dimensions(mesh):
 
     small = (rnd(4, 16, 32) * 0.1, rnd(4, 32, 16, seed=1) * 0.1, rnd(64, 16, seed=2),
              jnp.array([10, 20, 30, 4], jnp.int32))
-    assert check_equation_rules(step, *small, mesh=mesh, max_strategies=3) == []  # all of them: 44 s
+    # (gradients sum partial products that cancel: float32 ulps of their parts show at 1e-4; a
+    # wrong rule is off by O(1))
+    assert check_equation_rules(step, *small, mesh=mesh, max_strategies=3, rtol=1e-2) == []  # all: 44 s
     args = (rnd(4, 64, 256) * 0.05, rnd(4, 256, 64, seed=1) * 0.05, rnd(256, 64, seed=2),
             jnp.array([100, 50, 44, 62], jnp.int32))
     plan = shardsat.saturate_and_extract(step, mesh, *args)
