@@ -346,13 +346,20 @@ def _fit_compiled(plan: Plan, limit: int, req: _Request, plan_within: Callable[[
     """A plan whose compiled memory (what XLA allocates on the mesh's devices) fits `limit`:
     `memory_limit` means what it says even where the estimate is low."""
     bound = limit
-    for _ in range(COMPILE_CHECKS):
+    for attempt in range(COMPILE_CHECKS + 1):
         predicted = plan.cost.memory.total if plan.cost.memory is not None else None
         if predicted is None or predicted < COMPILE_CHECK_SHARE * limit:
             return plan
         compiled = plan.compiled_memory(*req.example_args)
         if compiled is None or compiled <= limit:
             return plan
+        if attempt == COMPILE_CHECKS:  # the last plan is checked too: none is returned over the limit
+            assert plan.cost.memory is not None
+            raise MemoryNotMetError(
+                plan.extraction, plan.cost.memory,
+                f"No plan fits memory_limit={limit:,} bytes per device as compiled: {COMPILE_CHECKS} plans "
+                f"estimated to fit compile to more, the last to {compiled:,} bytes. Consider a larger mesh, a "
+                f"smaller batch, or memory_limit >= {compiled:,}.")
         bound = int(bound * min(limit / compiled, 0.99))
         try:
             plan = plan_within(bound)

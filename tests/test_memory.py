@@ -109,6 +109,27 @@ def test_memory_limit_holds_for_the_compiled_step(data8):
         assert_equivalent(tight, step, state, batch, rtol=1e-4)
 
 
+def test_no_plan_is_returned_over_the_limit_as_compiled(data8, monkeypatch):
+    """Where every plan estimated to fit compiles over the limit, the last one re-planned is
+    checked too: a MemoryNotMetError, not a plan that does not fit (fuzz seed 7, a bf16 conv
+    step on 2x2x2 under 16,516 bytes, was returned at 19,280)."""
+    from shardsat.runtime.plan import Plan
+
+    ws, x = mlp_args(jax.random.PRNGKey(0))
+    free = shardsat.saturate_and_extract(mlp, data8, ws, x)
+    limit = int(free.cost.memory.total * 1.5)
+    checked: list[int] = []
+
+    def over(self, *args):
+        checked.append(self.cost.memory.total)
+        return limit + 1  # XLA's figure just over the limit, whatever the plan
+
+    monkeypatch.setattr(Plan, "compiled_memory", over)
+    with pytest.raises(shardsat.NoPlanError, match="as compiled"):  # a MemoryNotMetError
+        shardsat.saturate_and_extract(mlp, data8, ws, x, memory_limit=limit)
+    assert len(checked) == 4  # the first plan and the three planned again, each compiled
+
+
 def test_unused_pinned_argument_is_priced_in_its_pin(data8):
     """An argument the program never reads is passed in its pinned layout: priced split, and
     apart from the total (jax.jit does not pass it to the compiled program)."""
