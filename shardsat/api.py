@@ -348,18 +348,22 @@ def _fit_compiled(plan: Plan, limit: int, req: _Request, plan_within: Callable[[
     bound = limit
     for attempt in range(COMPILE_CHECKS + 1):
         predicted = plan.cost.memory.total if plan.cost.memory is not None else None
-        if predicted is None or predicted < COMPILE_CHECK_SHARE * limit:
+        # over the limit already: the device default's smallest plan, returned with a warning
+        if predicted is None or predicted < COMPILE_CHECK_SHARE * limit or predicted > limit:
             return plan
         compiled = plan.compiled_memory(*req.example_args)
         if compiled is None or compiled <= limit:
             return plan
         if attempt == COMPILE_CHECKS:  # the last plan is checked too: none is returned over the limit
             assert plan.cost.memory is not None
-            raise MemoryNotMetError(
-                plan.extraction, plan.cost.memory,
-                f"No plan fits memory_limit={limit:,} bytes per device as compiled: {COMPILE_CHECKS} plans "
-                f"estimated to fit compile to more, the last to {compiled:,} bytes. Consider a larger mesh, a "
-                f"smaller batch, or memory_limit >= {compiled:,}.")
+            why = (f"No plan fits memory_limit={limit:,} bytes per device as compiled: {COMPILE_CHECKS} plans "
+                   f"estimated to fit compile to more, the last to {compiled:,} bytes.")
+            if req.memory_limit == "device":  # the device's own memory: warn, as _extract does
+                warnings.warn(f"{why} Returning that plan: it may not fit on {req.profile.name} devices.",
+                              MemoryLimitWarning, stacklevel=4)
+                return plan
+            raise MemoryNotMetError(plan.extraction, plan.cost.memory,
+                                    f"{why} Consider a larger mesh, a smaller batch, or memory_limit >= {compiled:,}.")
         bound = int(bound * min(limit / compiled, 0.99))
         try:
             plan = plan_within(bound)

@@ -47,6 +47,28 @@ def _check_is_plan(plan: Any, fn: str) -> None:
                                    f"{type(plan).__name__}. Consider {fn}(plan, *args).")
 
 
+def _reference_mesh(plan: Plan, args: tuple[Any, ...]) -> Any:
+    """The mesh context for the unsharded reference, where the caller set none.
+
+    A with_sharding_constraint(x, P(...)) in the function needs a mesh in context, so the reference
+    runs under a mesh as the plan was traced. Arguments placed on a mesh with Explicit axes carry that
+    mesh in their types, and jax requires the context mesh to match it; otherwise the plan's mesh.
+    """
+    if not jax.sharding.get_abstract_mesh().empty or plan.runtime_mesh is None:
+        return contextlib.nullcontext()
+    for leaf in jax.tree_util.tree_leaves(args):
+        sharding = getattr(leaf, "sharding", None)
+        mesh = getattr(sharding, "mesh", None)
+        if isinstance(sharding, jax.sharding.NamedSharding) and _has_explicit_axes(mesh):
+            return jax.set_mesh(mesh)
+    return jax.set_mesh(plan.runtime_mesh)
+
+
+def _has_explicit_axes(mesh: Any) -> bool:
+    types = getattr(mesh, "axis_types", ())
+    return any(t == jax.sharding.AxisType.Explicit for t in types)
+
+
 def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any = None) -> None:
     """Run the plan and the unsharded function on `args`; compare every output leaf.
 
@@ -62,10 +84,7 @@ def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any
                                    "(the planned function).")
     fn = reference if reference is not None else plan.fn
     got = plan.jit(donate_argnums=())(*args)
-    # under the plan's mesh where the caller has none, as the plan was traced: a
-    # with_sharding_constraint(x, P(...)) in `fn` needs a mesh in context
-    bare = plan.runtime_mesh is not None and jax.sharding.get_abstract_mesh().empty
-    with jax.set_mesh(plan.runtime_mesh) if bare else contextlib.nullcontext():
+    with _reference_mesh(plan, args):
         want = jax.jit(fn)(*args)
     gl, gt = jax.tree_util.tree_flatten(got)
     wl, wt = jax.tree_util.tree_flatten(want)

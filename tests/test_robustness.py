@@ -263,3 +263,18 @@ def test_equations_run_on_shards_lose_their_global_result_sharding():
     got = local_params("broadcast_in_dim", params, [((), ())], [((64, 16), (8, 16))])
     assert got["sharding"] is None and got["shape"] == (8, 16)
     assert local_params("dot_general", {"out_sharding": NamedSharding(mesh, P())}, [], [])["out_sharding"] is None
+
+
+def test_check_plan_with_arguments_placed_on_an_explicit_mesh(mesh):
+    """check_plan's reference runs under the arguments' Explicit mesh where they carry one: jax
+    requires the context mesh to match the mesh in their types (it raised "context mesh ... should
+    match the aval mesh" under the plan's Auto mesh)."""
+    explicit = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+
+    def f(x, y):
+        return jnp.sum(x, axis=(0, 1), keepdims=True) + y
+
+    x = jax.device_put(jnp.arange(128.0).reshape(8, 16), jax.sharding.NamedSharding(explicit, P("data")))
+    y = jnp.ones((1, 16))
+    plan = strict_plan(f, explicit, x, y)
+    check_plan(plan, x, y)
