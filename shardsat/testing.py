@@ -3,7 +3,6 @@ emits the collectives the plan predicts."""
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from typing import Any
 
@@ -47,15 +46,28 @@ def _check_is_plan(plan: Any, fn: str) -> None:
                                    f"{type(plan).__name__}. Consider {fn}(plan, *args).")
 
 
-def _reference_mesh(plan: Plan, args: tuple[Any, ...]) -> Any:
-    """The mesh context for the unsharded reference, where the caller set none.
+def _reference(plan: Plan, fn: Any, args: tuple[Any, ...]) -> Any:
+    """The unsharded function's outputs: as the caller would run it, on one device where nothing
+    places it (a custom_partitioning rule is then not called with the mesh's shardings).
 
-    A with_sharding_constraint(x, P(...)) in the function needs a mesh in context, so the reference
-    runs under a mesh as the plan was traced. Arguments placed on a mesh with Explicit axes carry that
-    mesh in their types, and jax requires the context mesh to match it; otherwise the plan's mesh.
+    A with_sharding_constraint(x, P(...)) in the function needs a mesh in context; where that
+    fails and the caller set no mesh, it runs again under one, as the plan was traced.
     """
-    if not jax.sharding.get_abstract_mesh().empty or plan.runtime_mesh is None:
-        return contextlib.nullcontext()
+    try:
+        return jax.jit(fn)(*args)
+    except Exception as first:
+        if not jax.sharding.get_abstract_mesh().empty or plan.runtime_mesh is None:
+            raise
+        try:
+            with _reference_mesh(plan, args):
+                return jax.jit(fn)(*args)
+        except Exception:
+            raise first from None
+
+
+def _reference_mesh(plan: Plan, args: tuple[Any, ...]) -> Any:
+    """The mesh to run the reference under: arguments placed on a mesh with Explicit axes carry
+    that mesh in their types, and jax requires the context mesh to match it; otherwise the plan's."""
     for leaf in jax.tree_util.tree_leaves(args):
         sharding = getattr(leaf, "sharding", None)
         mesh = getattr(sharding, "mesh", None)
@@ -84,8 +96,7 @@ def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any
                                    "(the planned function).")
     fn = reference if reference is not None else plan.fn
     got = plan.jit(donate_argnums=())(*args)
-    with _reference_mesh(plan, args):
-        want = jax.jit(fn)(*args)
+    want = _reference(plan, fn, args)
     gl, gt = jax.tree_util.tree_flatten(got)
     wl, wt = jax.tree_util.tree_flatten(want)
     if gt != wt:

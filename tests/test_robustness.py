@@ -266,13 +266,13 @@ def test_equations_run_on_shards_lose_their_global_result_sharding():
 
 
 def test_check_plan_with_arguments_placed_on_an_explicit_mesh(mesh):
-    """check_plan's reference runs under the arguments' Explicit mesh where they carry one: jax
-    requires the context mesh to match the mesh in their types (it raised "context mesh ... should
-    match the aval mesh" under the plan's Auto mesh)."""
+    """check_plan's reference runs under the arguments' Explicit mesh where it needs a mesh and they
+    carry one: jax requires the context mesh to match the mesh in their types (it raised "context
+    mesh ... should match the aval mesh" under the plan's Auto mesh)."""
     explicit = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
 
-    def f(x, y):
-        return jnp.sum(x, axis=(0, 1), keepdims=True) + y
+    def f(x, y):  # the bare spec makes the reference need a mesh, and it must be the Explicit one
+        return jnp.sum(lax.with_sharding_constraint(x * 2, P("data")), axis=(0, 1), keepdims=True) + y
 
     x = jax.device_put(jnp.arange(128.0).reshape(8, 16), jax.sharding.NamedSharding(explicit, P("data")))
     y = jnp.ones((1, 16))
