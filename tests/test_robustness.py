@@ -278,3 +278,16 @@ def test_check_plan_with_arguments_placed_on_an_explicit_mesh(mesh):
     y = jnp.ones((1, 16))
     plan = strict_plan(f, explicit, x, y)
     check_plan(plan, x, y)
+
+
+def test_weakly_typed_call_of_a_plan_with_a_bare_partition_spec(mesh):
+    """A Python scalar where the plan took an array: the weak-type check traces the function
+    again, under the plan's mesh as the plan was traced (it raised "with_sharding_constraint
+    requires a non-empty mesh in context")."""
+    def f(x, s):
+        return lax.with_sharding_constraint(x * s, P("data"))
+
+    x = jnp.arange(128.0).reshape(8, 16)
+    plan = strict_plan(f, mesh, x, jnp.float32(2.0))
+    assert float(plan.jit()(x, 2.0).sum()) == float((x * 2).sum())
+    check_plan(plan, x, jnp.float32(3.0))

@@ -13,6 +13,7 @@ difference would make jax.jit trace a different program, the call is refused too
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -96,9 +97,11 @@ class PlannedArgs:
                                      "divisor, a reshape's sizes) hold only for the planned shapes and dtypes.")
         return None
 
-    def check_weak(self, fn: Any, leaves: list[Any]) -> None:
+    def check_weak(self, fn: Any, leaves: list[Any], mesh: Any = None) -> None:
         """At trace time: leaves weakly typed where the plan's are strong (or the other way) are
-        accepted only if jax.jit traces `fn` to the same program with them (promotion may differ)."""
+        accepted only if jax.jit traces `fn` to the same program with them (promotion may differ).
+        `fn` is traced under `mesh` where no mesh is in context, as the plan traced it: a
+        with_sharding_constraint(x, P(...)) in `fn` needs one."""
         given = weak_flags([jax.typeof(x) for x in leaves])
         planned = self.weak or (False,) * len(given)
         if given == planned:
@@ -107,7 +110,10 @@ class PlannedArgs:
         def program(flags: tuple[bool, ...]) -> tuple[Any, ...]:
             structs = [jax.ShapeDtypeStruct(s, d, weak_type=f)
                        for s, d, f in zip(self.shapes, self.dtypes, flags, strict=True)]
-            return program_key(jax.make_jaxpr(fn)(*jax.tree_util.tree_unflatten(self.tree, structs)).jaxpr)
+            bare = mesh is not None and jax.sharding.get_abstract_mesh().empty
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if bare else contextlib.nullcontext():
+                traced = jax.make_jaxpr(fn)(*jax.tree_util.tree_unflatten(self.tree, structs))
+            return program_key(traced.jaxpr)
 
         if program(given) == program(planned):
             return

@@ -284,7 +284,7 @@ class Plan:
         def planned(*args: Any) -> Any:
             leaves, tree = jax.tree_util.tree_flatten(args)
             expected.check(leaves, tree)
-            expected.check_weak(self.fn, leaves)  # once per weak-type signature: jit traces again for one
+            expected.check_weak(self.fn, leaves, self.runtime_mesh)  # once per weak-type signature: jit traces again for one
             outs = interp(*leaves)
             return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
