@@ -12,6 +12,7 @@ import numpy as np
 
 from .checks import integer, real
 from .egraph.collectives import COLLECTIVES
+from .egraph.program import bind
 from .egraph.rewrite import Rewrite
 from .errors import InvalidArgumentError, ShardsatError
 from .runtime.plan import Plan
@@ -367,7 +368,7 @@ def check_equation_rules(fn: Any, *args: Any, mesh: Any, rtol: float = 1e-5, max
         def apply(*xs: Any, _eqn: Any = eqn, **kw: Any) -> Any:
             it = iter(xs)
             full = [a.value if isinstance(a, Literal) else next(it) for a in _eqn.inputs]
-            out = _eqn.primitive.bind(*full, **{**_eqn.params, **kw})
+            out = bind(_eqn.primitive, full, {**_eqn.params, **kw})
             return list(out) if _eqn.primitive.multiple_results else out
 
         t = _eqn_types(prog, eqn)

@@ -291,3 +291,20 @@ def test_weakly_typed_call_of_a_plan_with_a_bare_partition_spec(mesh):
     plan = strict_plan(f, mesh, x, jnp.float32(2.0))
     assert float(plan.jit()(x, 2.0).sum()) == float((x * 2).sum())
     check_plan(plan, x, jnp.float32(3.0))
+
+
+def test_a_users_shard_map_runs_replicated_and_says_so():
+    """A shard_map in the user's function stays as the user wrote it (replicated around it, with
+    the fallback named); the runtime binds it as jax's evaluator does (its body is a bind argument,
+    not the jaxpr param: it raised KeyError 'subfuns')."""
+    auto = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def f(x, w):
+        g = jax.shard_map(lambda a: lax.psum(a, "data"), mesh=auto, in_specs=P("data"), out_specs=P())
+        return g(jnp.tanh(x @ w)) * 2
+
+    args = (jnp.arange(128.0).reshape(8, 16) / 100, jnp.ones((16, 16)))
+    with pytest.warns(UserWarning, match="shard_map"):
+        plan = shardsat.saturate_and_extract(f, auto, *args)
+    assert any(f.startswith("shard_map") for f in plan.report.fallbacks)
+    check_plan(plan, *args)

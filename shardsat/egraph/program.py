@@ -273,6 +273,18 @@ class Program:
         return () if isinstance(atom, Literal) else self.values[atom].shape
 
 
+def bind(primitive: Any, operands: Sequence[Any], params: dict[str, Any]) -> Any:
+    """Apply a traced equation's primitive to `operands`. Higher-order primitives (shard_map, for
+    one) take their bodies as bind arguments, not as the jaxpr params the equation holds: jax's
+    own evaluator splits them the same way."""
+    bind_params = primitive.get_bind_params(params)
+    subfuns: Sequence[Any] = ()
+    if isinstance(bind_params, tuple):  # jax versions that return the bodies beside the params
+        subfuns, bind_params = bind_params
+    out = primitive.bind(*subfuns, *operands, **bind_params)
+    return list(out) if primitive.multiple_results else out  # shard_map gives a FlatTree
+
+
 def itemsize(dtype: Any) -> int:
     """Bytes per element; extended dtypes (PRNG keys) count their underlying words."""
     try:

@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..egraph.collectives import COLLECTIVES, StepLike
 from ..egraph.layout import Layout, MeshAxes
-from ..egraph.program import SCAN_PSEUDO, Literal, Program
+from ..egraph.program import SCAN_PSEUDO, Literal, Program, bind
 from ..extract.assignment import EqnRun
 from ..extract.result import ReshardStep
 from ..rules.registry import rule_for
@@ -127,7 +127,7 @@ class Interpreter:
         operands = [a.value if isinstance(a, Literal) else scope.view(a, lid)
                     for a, lid in zip(eqn.inputs, operand_lids, strict=True)]
         # a user's own pin is replaced by the plan's constraint on the result
-        outs = operands[0] if rule_for(eqn.primitive).pin is not None else eqn.primitive.bind(*operands, **eqn.params)
+        outs = operands[0] if rule_for(eqn.primitive).pin is not None else bind(eqn.primitive, operands, eqn.params)
         if not eqn.primitive.multiple_results:
             outs = [outs]
         for k, lid in run.outputs:
@@ -379,7 +379,7 @@ def _run_on_shards(it: Interpreter, eqn: Any, run: EqnRun, operand_lids: list[in
             operands.append(a.value if isinstance(a, Literal) else it.unstack(next(rest), lid))
         params = local_params(eqn.primitive, eqn.params, [s for s in shapes if s is not None],
                               [(g, loc if loc is not None else g) for g, loc in all_outs])
-        outs = eqn.primitive.bind(*operands, **params)
+        outs = bind(eqn.primitive, operands, params)
         if not eqn.primitive.multiple_results:
             outs = [outs]
         picked = [outs[k] for k in out_idx]
