@@ -143,6 +143,10 @@ OLD_ELEMENTWISE = [*OLD_ELEMENTWISE, "complex"]
 OLD_FUSIBLE = OLD_FUSIBLE | {"complex"}
 OLD_HEAVY = OLD_HEAVY | {"ragged_dot_general"}
 ALL_OLD = ALL_OLD | {"fft", "ragged_dot_general"}
+# the batched linear algebra (cholesky, eigh, qr, svd, lu, triangular_solve, ...) got one
+# signature: batch dimensions split, each matrix whole (it was replicated by fallback)
+OLD_SIGNATURES |= {name: p.batched_linalg for name in p.LINALG_CORE}
+ALL_OLD = ALL_OLD | set(p.LINALG_CORE)
 
 
 def _old_linear(name: str, t: EqnTypes) -> tuple[tuple[int, ...], ...]:

@@ -221,3 +221,27 @@ def test_ragged_dot_splits_its_free_and_contracted_dimensions(mesh):
     assert any(lay is not None and (lay.used_axes() or lay.partial) for lay in layouts)  # split, not replicated
     check_plan(plan, *args, rtol=1e-4)
     check_collectives(plan, *args)
+
+
+def test_batched_linear_algebra_splits_its_batch(mesh):
+    """Stacks of matrices (cholesky, eigh, qr, svd, lu, triangular_solve): every strategy computes
+    the same on shards, and the plan splits the batch over the mesh, with no collective XLA does
+    not run (they were replicated by fallback)."""
+    from shardsat.testing import check_collectives
+
+    def f(a, b):
+        s = a @ jnp.swapaxes(a, -1, -2) + 8 * jnp.eye(a.shape[-1])
+        c = jnp.linalg.cholesky(s)
+        w, v = jnp.linalg.eigh(s)
+        lu, piv, perm = jax.lax.linalg.lu(s)
+        x = jax.scipy.linalg.solve_triangular(c, b, lower=True)
+        return c, w, jnp.abs(v), jnp.abs(jnp.linalg.qr(a)[1]), jnp.linalg.svd(a, compute_uv=False), x, lu, piv, perm
+
+    args = (rnd(16, 8, 8), rnd(16, 8, 4, seed=1))
+    assert check_equation_rules(f, *args, mesh=mesh, max_strategies=3, rtol=1e-3) == []
+    plan = shardsat.saturate_and_extract(f, mesh, *args)
+    assert plan.report.fallbacks == []
+    chol = next(e for e in plan.program.equations if e.name == "cholesky")
+    assert plan.layout_of(chol.outputs[0]).spec(plan.axes)[0] is not None  # the batch is split
+    check_plan(plan, *args, rtol=1e-4)
+    check_collectives(plan, *args)

@@ -443,6 +443,38 @@ def top_k(t: EqnTypes) -> FactorSignature:
     return replicated(t)
 
 
+# Linear algebra on stacks of matrices: the rank of operand 0's core (the trailing dimensions one
+# problem reads); every operand and result has the same leading batch dimensions before its core.
+LINALG_CORE = {"cholesky": 2, "eigh": 2, "qr": 2, "svd": 2, "lu": 2, "triangular_solve": 2,
+               "geqrf": 2, "householder_product": 2, "lu_pivots_to_permutation": 1}
+
+
+def batched_linalg(t: EqnTypes) -> FactorSignature:
+    """Batch dimensions split, each problem's own dimensions whole. XLA partitions the batch of
+    these library calls without a collective (jax marks them batch-partitionable; measured on
+    CPU: no gather for a batch-split cholesky, eigh, qr, svd, lu or triangular_solve)."""
+    nb = len(t.in_shapes[0]) - LINALG_CORE[t.name]
+    batch = tuple(t.in_shapes[0][:nb])
+    shapes = [*t.in_shapes, *t.out_shapes]
+    if nb <= 0 or any(len(s) < nb or tuple(s[:nb]) != batch for s in shapes):
+        return replicated(t)
+    fac = _dims("b", nb)
+    core: dict[str, int] = {}
+
+    def tensor(tag: str, shape: tuple[int, ...]) -> TensorFactors:
+        own = []
+        for d, n in enumerate(shape[nb:]):
+            core[f"{tag}_{d}"] = n
+            own.append((f"{tag}_{d}",))
+        return (*((f,) for f in fac), *own)
+
+    operands = [tensor(f"i{k}", s) for k, s in enumerate(t.in_shapes)]
+    results = [tensor(f"o{k}", s) for k, s in enumerate(t.out_shapes)]
+    n = max(t.in_shapes[0][nb:], default=1)
+    return _sig(t, operands, results, sizes=core, need_replication=frozenset(core),
+                flops=float(math.prod(batch) * n ** 3))
+
+
 def split(t: EqnTypes) -> FactorSignature:
     axis = int(t.params["axis"])
     rank = len(t.in_shapes[0])

@@ -106,6 +106,7 @@ _BUILTIN: list[PrimitiveRule] = [
     # XLA's partitioner all-gathers an fft's operand even where only batch dimensions are split
     # (jax 0.10, CPU): replicated by rule, so the plan predicts the gather that runs
     _replicated("fft"),
+    *(_op(name, p.batched_linalg) for name in p.LINALG_CORE),
     _op("split", p.split, fusible=True, fuse=Fuse.CHEAP),
     _op("bitcast_convert_type", p.bitcast_convert_type, fusible=True, fuse=Fuse.CHEAP),
     # uninitialised buffers (scan's transpose makes them): any layout, nothing to compute
