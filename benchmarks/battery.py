@@ -1,0 +1,421 @@
+"""A battery of unusual but ordinary JAX programs, planned and checked against jax.jit.
+
+Each program is one a user may well hand to shardsat: attention, scans, linear algebra, PRNG
+keys, callbacks, custom derivatives, optax chains, integer and complex arithmetic, pytrees with
+None. Per program and mesh: whether the plan matches jax.jit (`check_plan`), which primitives
+stay replicated by fallback, and the planning time. The fuzz campaign (`python -m fuzz`) draws
+random model programs; this battery covers primitives it does not draw.
+
+Left out: `io_callback`, which aborts the process in jax.jit itself on 8 simulated CPU devices
+(XLA:CPU's all-reduce rendezvous times out; jax 0.10.2).
+
+    .venv/bin/python benchmarks/battery.py                     # every program, on 2x4 and 2x2x2
+    .venv/bin/python benchmarks/battery.py --only cond_on_data # one program
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
+
+import shardsat
+from shardsat.testing import check_plan
+
+KEY = jax.random.PRNGKey(0)
+PROGRAMS = {}
+
+
+def r(*shape, dtype=jnp.float32):
+    return jax.random.normal(jax.random.fold_in(KEY, sum(shape) * 31 + len(shape)), shape).astype(dtype)
+
+
+def prog(name):
+    """Register a builder: mesh -> (function, example arguments)."""
+    def register(build):
+        PROGRAMS[name] = build
+        return build
+    return register
+
+
+@prog("dot_product_attention")
+def _(mesh):
+    q = r(4, 16, 4, 8)
+    return (lambda q, kk, v: jax.nn.dot_product_attention(q, kk, v, is_causal=True)), (q, q * 0.5, q + 1)
+
+
+@prog("associative_scan")
+def _(mesh):
+    return (lambda x: lax.associative_scan(jnp.add, x, axis=1)), (r(8, 32),)
+
+
+@prog("lax_map")
+def _(mesh):
+    return (lambda x: lax.map(lambda row: jnp.sin(row) @ row, x)), (r(8, 16),)
+
+
+@prog("vmap_scan")
+def _(mesh):
+    def f(x):
+        return jax.vmap(lambda s: lax.scan(lambda c, y: (c + y, c * y), 0.0, s))(x)
+    return f, (r(8, 16),)
+
+
+@prog("shard_map_user")
+def _(mesh):
+    auto = jax.make_mesh(mesh.axis_sizes, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+    first = mesh.axis_names[0]
+
+    def f(x):
+        g = jax.shard_map(lambda a: lax.psum(a, first), mesh=auto, in_specs=P(first), out_specs=P())
+        return g(x) * 2
+    return f, (r(8, 16),)
+
+
+@prog("depthwise_conv")
+def _(mesh):
+    def f(x, w):
+        return lax.conv_general_dilated(x, w, (1, 1), "SAME", feature_group_count=8,
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return f, (r(8, 8, 8, 8), r(3, 3, 1, 8))
+
+
+@prog("maxpool_grad")
+def _(mesh):
+    def f(x):
+        return jax.grad(lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID").sum())(x)
+    return f, (r(8, 8, 8, 4),)
+
+
+@prog("linalg_solve")
+def _(mesh):
+    return (lambda a, b: jnp.linalg.solve(a + 8 * jnp.eye(8), b)), (r(8, 8), r(8, 4))
+
+
+@prog("batched_solve")
+def _(mesh):
+    return (lambda a, b: jnp.linalg.solve(a + 8 * jnp.eye(8), b)), (r(16, 8, 8), r(16, 8, 1))
+
+
+@prog("cummax_argsort")
+def _(mesh):
+    return (lambda x: (lax.cummax(x, axis=1), jnp.argsort(x, axis=0))), (r(8, 16),)
+
+
+@prog("pad_reflect")
+def _(mesh):
+    return (lambda x: jnp.pad(x, ((1, 1), (2, 2)), mode="reflect")), (r(8, 16),)
+
+
+@prog("take_clip")
+def _(mesh):
+    return (lambda x, i: jnp.take(x, i, axis=0, mode="clip")), (r(16, 8), jnp.arange(24) % 20)
+
+
+@prog("clip_global_norm_adam")
+def _(mesh):
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
+    p = {"w": r(16, 32), "b": r(32)}
+    s = opt.init(p)
+    def step(p, s, x):
+        g = jax.grad(lambda p: jnp.mean(jnp.tanh(x @ p["w"] + p["b"]) ** 2))(p)
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s
+    return step, (p, s, r(64, 16))
+
+
+@prog("schedule_step_count")
+def _(mesh):
+    opt = optax.adamw(optax.cosine_decay_schedule(1e-3, 100))
+    p = {"w": r(16, 32)}
+    s = opt.init(p)
+    def step(p, s, x):
+        g = jax.grad(lambda p: jnp.mean((x @ p["w"]) ** 2))(p)
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s
+    return step, (p, s, r(64, 16))
+
+
+@prog("batchnorm_state")
+def _(mesh):
+    def f(x, mean, var):
+        m, v = x.mean(0), x.var(0)
+        y = (x - m) / jnp.sqrt(v + 1e-5)
+        return y, 0.9 * mean + 0.1 * m, 0.9 * var + 0.1 * v
+    return f, (r(64, 16), jnp.zeros(16), jnp.ones(16))
+
+
+@prog("prng_in_step")
+def _(mesh):
+    def f(key, x):
+        key, sub = jax.random.split(key)
+        return key, x * jax.random.bernoulli(sub, 0.9, x.shape)
+    return f, (jax.random.PRNGKey(1), r(8, 16))
+
+
+@prog("new_style_key")
+def _(mesh):
+    def f(key, x):
+        return x + jax.random.uniform(key, x.shape)
+    return f, (jax.random.key(1), r(8, 16))
+
+
+@prog("reduce_precision_int8")
+def _(mesh):
+    def f(x, w):
+        q = jnp.clip(jnp.round(w * 127), -127, 127).astype(jnp.int8)
+        return lax.reduce_precision(x, 5, 10) @ q.astype(jnp.float32)
+    return f, (r(16, 32), r(32, 8))
+
+
+@prog("logsumexp_onehot")
+def _(mesh):
+    def f(logits, y):
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.sum(logits * jax.nn.one_hot(y, 32), -1))
+    return f, (r(64, 32), jnp.arange(64) % 32)
+
+
+@prog("einsum_3op")
+def _(mesh):
+    return (lambda a, b, c: jnp.einsum("ij,jk,kl->il", a, b, c)), (r(16, 32), r(32, 8), r(8, 24))
+
+
+@prog("while_dus")
+def _(mesh):
+    def f(x):
+        def body(c):
+            i, buf = c
+            return i + 1, lax.dynamic_update_slice(buf, jnp.full((1, 16), i, jnp.float32), (i, 0))
+        return lax.while_loop(lambda c: c[0] < 8, body, (0, x))[1]
+    return f, (r(8, 16),)
+
+
+@prog("remat_policy_mlp")
+def _(mesh):
+    def f(w, x):
+        g = jax.checkpoint(lambda w, x: jnp.tanh(x @ w) @ w.T,
+                           policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+        return jax.grad(lambda w: jnp.sum(g(w, x) ** 2))(w)
+    return f, (r(16, 16), r(32, 16))
+
+
+@prog("bool_ops_and_nan")
+def _(mesh):
+    return (lambda x: (jnp.isnan(x) | (x > 0), jnp.nan_to_num(x / (x - x)))), (r(8, 16),)
+
+
+@prog("scalar_outputs_and_pytrees")
+def _(mesh):
+    return (lambda d: {"a": d["x"].sum(), "b": (d["x"] * 2, None), "c": []}), ({"x": r(8, 16)},)
+
+
+@prog("complex_matmul")
+def _(mesh):
+    return (lambda a, b: jnp.abs(a.astype(jnp.complex64) @ (b * 1j))), (r(16, 8), r(8, 16))
+
+
+@prog("cond_on_data")
+def _(mesh):
+    return (lambda x: lax.cond(x.sum() > 0, lambda a: a @ a.T, lambda a: -a @ a.T, x)), (r(8, 16),)
+
+
+@prog("fori_kv_cache")
+def _(mesh):
+    def f(cache, x):
+        def body(i, c):
+            return c.at[:, i].set(x[:, i] * 2)
+        return lax.fori_loop(0, 4, body, cache)
+    return f, (jnp.zeros((8, 16, 4)), r(8, 16, 4))
+
+
+@prog("top_k_scatter_add")
+def _(mesh):
+    def f(x):
+        v, i = lax.top_k(x, 2)
+        return jnp.zeros_like(x).at[jnp.arange(8)[:, None], i].add(v)
+    return f, (r(8, 16),)
+
+
+@prog("bf16_mixed_grad")
+def _(mesh):
+    def f(w, x):
+        return jax.grad(lambda w: jnp.sum((x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16)).astype(jnp.float32) ** 2))(w)
+    return f, (r(32, 16), r(64, 32))
+
+
+@prog("pure_callback")
+def _(mesh):
+    return (lambda x: jax.pure_callback(lambda a: np.asarray(a) * 2, jax.ShapeDtypeStruct(x.shape, x.dtype), x) + 1), (r(8, 16),)
+
+
+@prog("debug_callback")
+def _(mesh):
+    def f(x):
+        jax.debug.callback(lambda a: None, x.sum())
+        return x * 2
+    return f, (r(8, 16),)
+
+
+@prog("eigh_qr_svd")
+def _(mesh):
+    def f(a):
+        s = a @ a.T
+        w, _v = jnp.linalg.eigh(s)
+        q, rr = jnp.linalg.qr(a)
+        return w, q, rr, jnp.linalg.svd(a, compute_uv=False)
+    return f, (r(8, 8),)
+
+
+@prog("cholesky_trisolve")
+def _(mesh):
+    def f(a, b):
+        c = jnp.linalg.cholesky(a @ a.T + 8 * jnp.eye(8))
+        return jax.scipy.linalg.solve_triangular(c, b, lower=True)
+    return f, (r(8, 8), r(8, 16))
+
+
+@prog("multi_sort")
+def _(mesh):
+    return (lambda x, y: lax.sort((x, y), dimension=1, num_keys=1)), (r(8, 16), r(8, 16))
+
+
+@prog("argmax_argmin")
+def _(mesh):
+    return (lambda x: (jnp.argmax(x, 1), jnp.argmin(x, 0), jnp.max(x, 1))), (r(8, 16),)
+
+
+@prog("unique_size")
+def _(mesh):
+    return (lambda x: jnp.unique(jnp.round(x), size=8, fill_value=0.0)), (r(64),)
+
+
+@prog("named_call_scope")
+def _(mesh):
+    def f(x):
+        with jax.named_scope("blk"):
+            return jax.named_call(lambda a: a @ a.T, name="mm")(x)
+    return f, (r(8, 16),)
+
+
+@prog("custom_vjp_grad")
+def _(mesh):
+    @jax.custom_vjp
+    def clip_grad(x):
+        return x
+    clip_grad.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.1, 0.1),))
+    return (lambda w, x: jax.grad(lambda w: jnp.sum(clip_grad(x @ w) ** 2))(w)), (r(16, 8), r(32, 16))
+
+
+@prog("jvp_hvp")
+def _(mesh):
+    def f(w):
+        return jnp.sum(jnp.tanh(w) ** 2)
+    return (lambda w, v: jax.jvp(jax.grad(f), (w,), (v,))[1]), (r(16, 8), r(16, 8))
+
+
+@prog("vmap_grad_per_example")
+def _(mesh):
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+    return (lambda w, xs: jax.vmap(jax.grad(loss), (None, 0))(w, xs)), (r(16, 8), r(8, 16))
+
+
+@prog("int_matmul_and_shift")
+def _(mesh):
+    return (lambda a, b: (a @ b) >> 2), (jnp.arange(128, dtype=jnp.int32).reshape(8, 16), jnp.ones((16, 8), jnp.int32))
+
+
+@prog("gather_nd")
+def _(mesh):
+    return (lambda x, idx: x[idx[:, 0], idx[:, 1]]), (r(16, 16), (jnp.arange(32).reshape(16, 2) * 3) % 16)
+
+
+@prog("segment_sum_gnn")
+def _(mesh):
+    def f(h, w, src, dst):
+        m = jnp.tanh(h[src] @ w)
+        return jax.ops.segment_sum(m, dst, num_segments=16)
+    return f, (r(16, 8), r(8, 8), jnp.arange(64) % 16, (jnp.arange(64) * 7) % 16)
+
+
+@prog("rng_bit_generator")
+def _(mesh):
+    return (lambda key, x: x + lax.rng_bit_generator(key, x.shape, dtype=jnp.uint32)[1].astype(jnp.float32)), (jnp.zeros(4, jnp.uint32), r(8, 16))
+
+
+@prog("clamp_erf_expm1")
+def _(mesh):
+    return (lambda x: lax.clamp(-1.0, jax.scipy.special.erf(x) + jnp.expm1(x), 1.0)), (r(8, 16),)
+
+
+@prog("split_concat")
+def _(mesh):
+    return (lambda x: jnp.concatenate(jnp.split(x, 4, axis=1)[::-1], axis=0)), (r(8, 16),)
+
+
+@prog("rev_transpose_reshape")
+def _(mesh):
+    return (lambda x: jnp.flip(x.reshape(4, 2, 16).transpose(2, 0, 1), 0).reshape(16, 8)), (r(8, 16),)
+
+
+@prog("zero_dim_and_scalar_args")
+def _(mesh):
+    return (lambda x, s, n: (x * s).sum() + n), (r(8, 16), jnp.float32(2.0), 3)
+
+
+@prog("iota_cumsum_mask")
+def _(mesh):
+    return (lambda x: jnp.cumsum(jnp.where(jnp.arange(16) < 8, x, 0.0), axis=1)), (r(8, 16),)
+
+
+MESHES = {"2x4": ((2, 4), ("data", "model")), "2x2x2": ((2, 2, 2), ("a", "b", "c"))}
+
+
+def run(name: str, mesh_name: str) -> str:
+    mesh = jax.make_mesh(*MESHES[mesh_name])
+    fn, args = PROGRAMS[name](mesh)
+    t = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan = shardsat.saturate_and_extract(fn, mesh, *args)
+        seconds = time.perf_counter() - t
+        check_plan(plan, *args, rtol=2e-2 if "bf16" in name else 1e-4)
+    except Exception as e:  # a benchmark row, not a test: every program gets its row
+        return f"| {name} | {mesh_name} | FAIL | {type(e).__name__}: {str(e)[:120]} | |"
+    fallbacks = sorted({f.split(" ")[0] for f in plan.report.fallbacks})
+    return f"| {name} | {mesh_name} | ok | {', '.join(fallbacks) or '-'} | {seconds:.2f} |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", help="program names (default: all)")
+    ap.add_argument("--meshes", nargs="*", default=list(MESHES), choices=list(MESHES))
+    ns = ap.parse_args(argv)
+    names = ns.only or list(PROGRAMS)
+    print("| program | mesh | outcome | replicated by fallback | plan s |")
+    print("|---|---|---|---|---:|")
+    failed = 0
+    for mesh_name in ns.meshes:
+        for name in names:
+            row = run(name, mesh_name)
+            failed += "| FAIL |" in row
+            print(row, flush=True)
+    print(f"\n{len(names) * len(ns.meshes) - failed} of {len(names) * len(ns.meshes)} ok")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
