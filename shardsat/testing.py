@@ -15,7 +15,7 @@ from .egraph.collectives import COLLECTIVES
 from .egraph.program import bind
 from .egraph.rewrite import Rewrite
 from .errors import InvalidArgumentError, ShardsatError
-from .runtime.plan import Plan
+from .runtime.plan import Plan, on_explicit_mesh
 
 
 class PlanMismatchError(ShardsatError, AssertionError):
@@ -70,16 +70,9 @@ def _reference_mesh(plan: Plan, args: tuple[Any, ...]) -> Any:
     """The mesh to run the reference under: arguments placed on a mesh with Explicit axes carry
     that mesh in their types, and jax requires the context mesh to match it; otherwise the plan's."""
     for leaf in jax.tree_util.tree_leaves(args):
-        sharding = getattr(leaf, "sharding", None)
-        mesh = getattr(sharding, "mesh", None)
-        if isinstance(sharding, jax.sharding.NamedSharding) and _has_explicit_axes(mesh):
-            return jax.set_mesh(mesh)
+        if on_explicit_mesh(leaf):
+            return jax.set_mesh(leaf.sharding.mesh)
     return jax.set_mesh(plan.runtime_mesh)
-
-
-def _has_explicit_axes(mesh: Any) -> bool:
-    types = getattr(mesh, "axis_types", ())
-    return any(t == jax.sharding.AxisType.Explicit for t in types)
 
 
 def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any = None) -> None:
@@ -368,8 +361,7 @@ def check_equation_rules(fn: Any, *args: Any, mesh: Any, rtol: float = 1e-5, max
         def apply(*xs: Any, _eqn: Any = eqn, **kw: Any) -> Any:
             it = iter(xs)
             full = [a.value if isinstance(a, Literal) else next(it) for a in _eqn.inputs]
-            out = bind(_eqn.primitive, full, {**_eqn.params, **kw})
-            return list(out) if _eqn.primitive.multiple_results else out
+            return bind(_eqn.primitive, full, {**_eqn.params, **kw})
 
         t = _eqn_types(prog, eqn)
         sig, _ = signature_for(eqn, t, None)

@@ -81,7 +81,8 @@ class Report:
         return s
 
 
-def _explicit(x: Any) -> bool:
+def on_explicit_mesh(x: Any) -> bool:
+    """An array placed on a mesh with Explicit axes: its type carries that mesh."""
     sharding = getattr(x, "sharding", None)
     mesh = getattr(sharding, "mesh", None)
     types = getattr(mesh, "axis_types", ())
@@ -93,7 +94,7 @@ def _needs_move(x: Any, want: Any) -> bool:
     whose Explicit mesh axes carry their sharding in their type."""
     if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
         return False
-    if _explicit(x):
+    if on_explicit_mesh(x):
         return True
     try:
         return bool(x.committed) and not x.sharding.is_equivalent_to(want, x.ndim)
