@@ -245,3 +245,25 @@ def test_batched_linear_algebra_splits_its_batch(mesh):
     assert plan.layout_of(chol.outputs[0]).spec(plan.axes)[0] is not None  # the batch is split
     check_plan(plan, *args, rtol=1e-4)
     check_collectives(plan, *args)
+
+
+def test_linear_solve_is_planned_through_its_solve_body(mesh):
+    """`custom_linear_solve` (jnp.linalg.solve, scipy's cg) was replicated by fallback: its value
+    is its solve body applied to the solve's constants and the right-hand side, which is now
+    inlined, so a stack of solves and its gradient split by the batch as the lu under it does."""
+
+    def f(a, b):
+        return jnp.linalg.solve(a + 8 * jnp.eye(8), b)
+
+    def step(a, b, m):
+        grads = jax.grad(lambda a, b: jnp.sum(f(a, b) ** 2), argnums=(0, 1))(a, b)
+        x, _ = jax.scipy.sparse.linalg.cg(lambda v: (m @ m.T + 64 * jnp.eye(64)) @ v, b[0, :, 0].sum() + m[0],
+                                          maxiter=10)
+        return grads, x
+
+    args = (rnd(16, 8, 8), rnd(16, 8, 1, seed=1), rnd(64, 64, seed=2))
+    plan = shardsat.saturate_and_extract(step, mesh, *args)
+    assert plan.report.fallbacks == []
+    lus = [e for e in plan.program.equations if e.name == "lu"]
+    assert lus and all(plan.layout_of(e.outputs[0]).spec(plan.axes)[0] is not None for e in lus)
+    check_plan(plan, *args, rtol=1e-3)

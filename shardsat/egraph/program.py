@@ -1,8 +1,8 @@
 """The program IR: a flat, inlined list of jaxpr equations over numbered values.
 
 Tracing goes through `jax.make_jaxpr`; nested call primitives (`jit`/`pjit`, `closed_call`,
-`custom_jvp_call`, `custom_vjp_call`, `checkpoint`) are inlined so that sharding decisions can cross
-function boundaries. Everything later in the pipeline refers to values by their integer id.
+`custom_jvp_call`, `custom_vjp_call`, `checkpoint`, and `custom_linear_solve`'s solve) are inlined so
+that sharding decisions can cross function boundaries. Everything later in the pipeline refers to values by their integer id.
 """
 
 from __future__ import annotations
@@ -544,14 +544,13 @@ class _Builder:
         handler = {"scan": self.scan, "cond": self.cond, "while": self.while_}.get(eqn.primitive.name)
         if handler is not None and handler(eqn, ins, env, region):
             return
-        body = _call_body(eqn)
+        body = _call_body(eqn, ins)
         if body is not None:
-            inner, consts = body
+            inner, consts, operands = body
             inner_env: dict[Any, int] = {}
             for v, c in zip(inner.constvars, consts, strict=True):
                 inner_env[v] = self.new_const(v.aval, c)
-            n_in = len(inner.invars)
-            for v, a in zip(inner.invars, ins[len(ins) - n_in :], strict=True):
+            for v, a in zip(inner.invars, operands, strict=True):
                 if isinstance(a, Literal) and np.shape(a.value):
                     a = self._materialize_literal(a, v.aval)
                 inner_env[v] = a  # a scalar literal stays one: `jnp.pad`'s pad value, say
@@ -585,15 +584,24 @@ def _fold_literal(eqn: jcore.JaxprEqn, ins: list[Atom]) -> Literal | None:
     return Literal(np.asarray(ins[0].value).astype(dtype), dtype)
 
 
-def _call_body(eqn: jcore.JaxprEqn) -> tuple[jcore.Jaxpr, list[Any]] | None:
+def _call_body(eqn: jcore.JaxprEqn, ins: list[Atom]) -> tuple[jcore.Jaxpr, list[Any], list[Atom]] | None:
+    """The body a call's value is, its closed-over constants, and the operands it reads: a
+    call's last operands; `custom_linear_solve`'s solve body (its forward value, as jax's
+    impl computes it) reads the solve's slice of the constants and the right-hand side."""
+    if eqn.primitive.name == "custom_linear_solve":
+        lengths = list(eqn.params["const_lengths"])  # matvec, vecmat, solve, transpose_solve
+        start = sum(lengths[:2])
+        solve = eqn.params["jaxprs"].solve
+        operands = ins[start : start + lengths[2]] + ins[sum(lengths):]
+        return solve.jaxpr, list(solve.consts), operands
     if eqn.primitive.name not in CALL_PRIMITIVES:
         return None
     for name in _BODY_PARAMS:
         body = eqn.params.get(name)
         if isinstance(body, jcore.ClosedJaxpr):
-            return body.jaxpr, list(body.consts)
+            return body.jaxpr, list(body.consts), ins[len(ins) - len(body.jaxpr.invars):]
         if isinstance(body, jcore.Jaxpr):
-            return body, []
+            return body, [], ins[len(ins) - len(body.invars):]
     return None
 
 
