@@ -308,3 +308,21 @@ def test_a_users_shard_map_runs_replicated_and_says_so():
         plan = shardsat.saturate_and_extract(f, auto, *args)
     assert any(f.startswith("shard_map") for f in plan.report.fallbacks)
     check_plan(plan, *args)
+
+
+def test_a_shard_map_over_another_mesh_than_the_plans_is_planned():
+    """A shard_map over a mesh of other axes than the plan's: jax.jit runs it, and tracing under
+    the plan's mesh raised jax's "context mesh ... should match the mesh passed to shard_map".
+    The function is traced as jax.jit traces it, and a Python scalar's weak type is checked the
+    same way."""
+    auto = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    flat = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+
+    def f(x, s):
+        return jax.shard_map(lambda a: a * 2, mesh=flat, in_specs=P("x"), out_specs=P("x"))(x) + s
+
+    x = jnp.arange(64.0).reshape(16, 4)
+    with pytest.warns(UserWarning, match="shard_map"):
+        plan = shardsat.saturate_and_extract(f, auto, x, jnp.float32(1.0))
+    check_plan(plan, x, jnp.float32(3.0))
+    assert float(plan.jit()(x, 2.0).sum()) == float((x * 2 + 2).sum())

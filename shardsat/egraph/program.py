@@ -285,6 +285,22 @@ def bind(primitive: Any, operands: Sequence[Any], params: dict[str, Any]) -> Any
     return list(out) if primitive.multiple_results else out  # shard_map gives a FlatTree
 
 
+def make_jaxpr_in(fn: Callable[..., Any], args: Sequence[Any], context: Any) -> tuple[jcore.ClosedJaxpr, Any]:
+    """`jax.make_jaxpr(fn, return_shape=True)(*args)` inside `context` (a mesh context, or None);
+    where that fails, with no mesh in context, as jax.jit would trace it: a user's shard_map over
+    another mesh than the plan's is refused under the plan's. If both fail, the first error."""
+    if context is None:
+        return jax.make_jaxpr(fn, return_shape=True)(*args)
+    try:
+        with context:
+            return jax.make_jaxpr(fn, return_shape=True)(*args)
+    except Exception as under_mesh:
+        try:
+            return jax.make_jaxpr(fn, return_shape=True)(*args)
+        except Exception:
+            raise under_mesh from None
+
+
 def itemsize(dtype: Any) -> int:
     """Bytes per element; extended dtypes (PRNG keys) count their underlying words."""
     try:
@@ -328,8 +344,7 @@ def trace(fn: Callable[..., Any], args: Sequence[Any], mesh: Any = None) -> Prog
     then rejects."""
     args = tuple(args)
     abstract = jax.tree_util.tree_map(_abstract, args)
-    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
+    closed, out_shape = make_jaxpr_in(fn, abstract, jax.set_mesh(mesh) if mesh is not None else None)
     leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path(abstract)
     arg_paths = [f"args{_path_str(p)}" for p, _ in leaves_with_path]
     arg_counts = [len(jax.tree_util.tree_leaves(a)) for a in abstract]

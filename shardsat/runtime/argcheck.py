@@ -13,7 +13,6 @@ difference would make jax.jit trace a different program, the call is refused too
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jcore
 
+from ..egraph.program import make_jaxpr_in
 from ..errors import InvalidArgumentError
 
 _SCALARS = (bool, int, float, complex)
@@ -111,8 +111,8 @@ class PlannedArgs:
             structs = [jax.ShapeDtypeStruct(s, d, weak_type=f)
                        for s, d, f in zip(self.shapes, self.dtypes, flags, strict=True)]
             bare = mesh is not None and jax.sharding.get_abstract_mesh().empty
-            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if bare else contextlib.nullcontext():
-                traced = jax.make_jaxpr(fn)(*jax.tree_util.tree_unflatten(self.tree, structs))
+            context = jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if bare else None
+            traced, _ = make_jaxpr_in(fn, jax.tree_util.tree_unflatten(self.tree, structs), context)
             return program_key(traced.jaxpr)
 
         if program(given) == program(planned):
