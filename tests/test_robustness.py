@@ -326,3 +326,16 @@ def test_a_shard_map_over_another_mesh_than_the_plans_is_planned():
         plan = shardsat.saturate_and_extract(f, auto, x, jnp.float32(1.0))
     check_plan(plan, x, jnp.float32(3.0))
     assert float(plan.jit()(x, 2.0).sum()) == float((x * 2 + 2).sum())
+
+
+@pytest.mark.parametrize("shape", [(1,), (1, 1)])
+def test_a_mesh_of_one_device(shape):
+    """A mesh whose axes all have size 1 (a user's single-device debug run) gets the replicated
+    plan. Where no argument is a batch (here, elementwise only), the tensor-parallel family's
+    axis was a max over no axes (ValueError)."""
+    axes = ("data", "model")[: len(shape)]
+    one = jax.make_mesh(shape, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(shape), devices=jax.devices()[:1])
+    for f in (lambda x, w: (x * 2, w), lambda x, w: (jnp.tanh(x @ w).sum(0), x * 2)):
+        args = (jnp.arange(64.0).reshape(8, 8) / 64, jnp.ones((8, 8)))
+        plan = shardsat.saturate_and_extract(f, one, *args)
+        check_plan(plan, *args)

@@ -212,13 +212,15 @@ def data_parallel_fills(program: Program, spaces: SpaceTable, ties: list[tuple[i
     return bool(arrays) and all(sum(len(axes) for axes in b.batch(a, every).dims) == len(every) for a in arrays)
 
 
-def tensor_axis(spaces: SpaceTable, link: Callable[[str], float]) -> str:
+def tensor_axis(spaces: SpaceTable, link: Callable[[str], float]) -> str | None:
     """The axis tensor parallelism belongs on: the fastest link (it moves activations every
     layer), ties to the minor axis. The layout space orders each dimension's axes major first
     and reshards the minor ones (egraph/collectives.py), so the same family over another axis
     of the same speed can complete costlier: a 4-layer GPT step on 4x4x4, FSDP + TP over the
-    three axes from minor to major, 582, 593 and 910 us pinned."""
+    three axes from minor to major, 582, 593 and 910 us pinned. None on a mesh of one device."""
     names = spaces.mesh.names
+    if not spaces.mesh.active:
+        return None
     return names[max(spaces.mesh.active, key=lambda a: (link(names[a]), a))]
 
 
