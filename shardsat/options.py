@@ -71,6 +71,9 @@ def check_options(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
     if cache_dir is not None and not isinstance(cache_dir, str | os.PathLike):
         problems.append(f"cache_dir must be a folder's path or None, got {type(cache_dir).__name__} {cache_dir!r}. "
                         "Consider cache_dir='plans/'.")
+    elif cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+        problems.append(f"cache_dir {os.fspath(cache_dir)!r} is a file, not a folder (plans are saved there, one "
+                        "file each). Consider a folder's path, e.g. cache_dir='plans/'.")
     if len(problems) == 1:
         raise InvalidArgumentError(f"saturate_and_extract: {problems[0]}")
     if problems:

@@ -218,8 +218,11 @@ def test_cache_dir_saves_then_loads(tmp_path: Path) -> None:
     assert shardsat.saturate_and_extract(train_step, mesh24(), state, batch, **kw).report.loaded_from == str(path)
 
 
-def test_bad_cache_and_multihost_options_are_named() -> None:
+def test_bad_cache_and_multihost_options_are_named(tmp_path: Path) -> None:
     with pytest.raises(shardsat.InvalidArgumentError, match="cache_dir must be"):
         shardsat.saturate_and_extract(jnp.sin, mesh24(), S((8,)), cache_dir=3)
+    (tmp_path / "f").write_text("")  # a file where the folder would be: was FileExistsError on saving
+    with pytest.raises(shardsat.InvalidArgumentError, match="is a file, not a folder"):
+        shardsat.saturate_and_extract(jnp.sin, mesh24(), S((8,)), cache_dir=tmp_path / "f")
     with pytest.raises(shardsat.InvalidArgumentError, match="multihost must be one of"):
         shardsat.saturate_and_extract(jnp.sin, mesh24(), S((8,)), multihost="each")
