@@ -2,7 +2,8 @@
 
 Each program is one a user may well hand to shardsat: attention, scans, linear algebra, PRNG
 keys, callbacks, custom derivatives, optax chains, integer and complex arithmetic, pytrees with
-None. Per program and mesh: whether the plan matches jax.jit (`check_plan`), which primitives
+None; and a third set: fft, transposed and grouped convolutions, resizing, special functions,
+RoPE attention, an LSTM, nested control flow, higher derivatives, 17 optax optimizers. Per program and mesh: whether the plan matches jax.jit (`check_plan`), which primitives
 stay replicated by fallback, and the planning time. The fuzz campaign (`python -m fuzz`) draws
 random model programs; this battery covers primitives it does not draw.
 
@@ -38,8 +39,8 @@ KEY = jax.random.PRNGKey(0)
 PROGRAMS = {}
 
 
-def r(*shape, dtype=jnp.float32):
-    return jax.random.normal(jax.random.fold_in(KEY, sum(shape) * 31 + len(shape)), shape).astype(dtype)
+def r(*shape, dtype=jnp.float32, seed=0):
+    return jax.random.normal(jax.random.fold_in(KEY, sum(shape) * 31 + len(shape) + 1000 * seed), shape).astype(dtype)
 
 
 def prog(name):
@@ -378,6 +379,233 @@ def _(mesh):
 @prog("iota_cumsum_mask")
 def _(mesh):
     return (lambda x: jnp.cumsum(jnp.where(jnp.arange(16) < 8, x, 0.0), axis=1)), (r(8, 16),)
+
+
+# ---- a third set (2026-12-03): fft, transposed and grouped convolutions, resizing, special
+# functions, more linear algebra, RoPE attention, an LSTM, nested control flow, higher derivatives
+
+@prog("fft")
+def _(mesh):
+    return (lambda x: jnp.abs(jnp.fft.rfft(x, axis=-1)).sum(-1) + jnp.real(jnp.fft.ifft(jnp.fft.fft(x))).sum(-1)), (r(16, 32),)
+
+@prog("fft2_conv")
+def _(mesh):
+    return (lambda x, k: jnp.fft.irfft2(jnp.fft.rfft2(x) * jnp.fft.rfft2(k, s=x.shape[-2:]), s=x.shape[-2:])), (r(8, 16, 16), r(3, 3, seed=1))
+
+@prog("conv_transpose")
+def _(mesh):
+    return (lambda x, k: lax.conv_transpose(x, k, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))), (r(8, 8, 8, 4), r(3, 3, 4, 6, seed=1))
+
+@prog("image_resize")
+def _(mesh):
+    return (lambda x: jax.image.resize(x, (8, 16, 16, 3), "bilinear")), (r(8, 8, 8, 3),)
+
+@prog("avg_pool_stride")
+def _(mesh):
+    return (lambda x: lax.reduce_window(x, 0.0, lax.add, (1, 3, 3, 1), (1, 2, 2, 1), "SAME") / 9), (r(8, 16, 16, 4),)
+
+@prog("conv_dilated_grouped_grad")
+def _(mesh):
+    def f(x, k):
+        y = lax.conv_general_dilated(x, k, (1, 1), "SAME", rhs_dilation=(2, 2), feature_group_count=2, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jnp.sum(jnp.tanh(y) ** 2)
+    return jax.grad(f, argnums=(0, 1)), (r(8, 12, 12, 4), r(3, 3, 2, 8, seed=1))
+
+@prog("conv1d_strided")
+def _(mesh):
+    return (lambda x, k: lax.conv_general_dilated(x, k, (2,), "VALID", dimension_numbers=("NWC", "WIO", "NWC"))), (r(8, 33, 4), r(5, 4, 8, seed=1))
+
+@prog("searchsorted_interp")
+def _(mesh):
+    xp = jnp.linspace(0, 1, 32)
+    return (lambda x, fp: (jnp.interp(x, xp, fp), jnp.searchsorted(xp, x))), (jax.random.uniform(KEY, (64,)), r(32, seed=1))
+
+@prog("median_percentile")
+def _(mesh):
+    return (lambda x: (jnp.median(x, axis=1), jnp.percentile(x, 90, axis=0))), (r(16, 24),)
+
+@prog("special_fns")
+def _(mesh):
+    return (lambda x: (jax.scipy.special.gammaln(jnp.abs(x) + 1), jax.scipy.special.digamma(jnp.abs(x) + 1), lax.lgamma(jnp.abs(x) + 1), jax.scipy.special.betainc(2.0, 3.0, jax.nn.sigmoid(x)), jax.scipy.special.i0e(x))), (r(16, 8),)
+
+@prog("random_gamma_perm")
+def _(mesh):
+    return (lambda k, x: (jax.random.gamma(k, jnp.abs(x) + 0.5), jax.random.permutation(k, x, axis=0), jax.random.categorical(k, x, axis=-1))), (KEY, r(16, 8))
+
+@prog("dropout_train")
+def _(mesh):
+    def f(w, x, k):
+        def loss(w):
+            h = jnp.tanh(x @ w)
+            keep = jax.random.bernoulli(k, 0.9, h.shape)
+            return jnp.sum(jnp.where(keep, h / 0.9, 0) ** 2)
+        return jax.grad(loss)(w)
+    return f, (r(16, 32), r(8, 16, seed=1), KEY)
+
+@prog("inv_det_slogdet")
+def _(mesh):
+    return (lambda a: (jnp.linalg.inv(a + 4 * jnp.eye(4)), jnp.linalg.det(a + 4 * jnp.eye(4)), jnp.linalg.slogdet(a + 4 * jnp.eye(4))[1])), (r(16, 4, 4),)
+
+@prog("pinv_norm2")
+def _(mesh):
+    return (lambda a: (jnp.linalg.pinv(a), jnp.linalg.norm(a, ord=2, axis=(-2, -1)))), (r(8, 6, 4),)
+
+@prog("expm")
+def _(mesh):
+    return (lambda a: jax.scipy.linalg.expm(0.1 * a)), (r(8, 4, 4),)
+
+@prog("kron_outer_tril_roll")
+def _(mesh):
+    return (lambda a, b: (jnp.kron(a, b), jnp.outer(a[0], b[0]), jnp.tril(a @ a.T), jnp.roll(a, 3, axis=1), jnp.tile(b, (2, 1)), jnp.repeat(a, 2, axis=0, total_repeat_length=32))), (r(16, 8), r(4, 4, seed=1))
+
+@prog("convolve_1d")
+def _(mesh):
+    return (lambda x, k: jax.vmap(lambda xi: jnp.convolve(xi, k, mode="same"))(x)), (r(16, 64), r(5, seed=1))
+
+@prog("cumulative_ops")
+def _(mesh):
+    return (lambda x: (jnp.cumprod(1 + 0.01 * x, axis=1), lax.cumlogsumexp(x, axis=0), lax.cummin(x, axis=1), jnp.diff(x, axis=1))), (r(16, 8),)
+
+@prog("bit_ops")
+def _(mesh):
+    return (lambda x: (lax.population_count(x), lax.clz(x), x ^ (x >> 3), jnp.bitwise_not(x))), (jnp.arange(128, dtype=jnp.int32).reshape(16, 8),)
+
+@prog("atan2_rem_nextafter")
+def _(mesh):
+    return (lambda a, b: (jnp.arctan2(a, b), jnp.remainder(a, jnp.abs(b) + 1), jnp.nextafter(a, b), jnp.hypot(a, b), jnp.copysign(a, b))), (r(16, 8), r(16, 8, seed=1))
+
+@prog("approx_max_k")
+def _(mesh):
+    return (lambda x: lax.approx_max_k(x, 4)), (r(16, 64),)
+
+@prog("rope_attention_grad")
+def _(mesh):
+    def attn(q, k, v):
+        s = q.shape[1]
+        pos = jnp.arange(s)[:, None] / (10000 ** (jnp.arange(0, 8, 2) / 8))
+        cos, sin = jnp.cos(pos), jnp.sin(pos)
+        def rot(x):
+            x1, x2 = x[..., ::2], x[..., 1::2]
+            return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+        a = jnp.einsum("bqd,bkd->bqk", rot(q), rot(k)) / 8 ** 0.5
+        a = jnp.where(jnp.tril(jnp.ones((s, s), bool)), a, -jnp.inf)
+        return jnp.sum(jax.nn.softmax(a, -1) @ v)
+    return jax.grad(attn, argnums=(0, 1, 2)), (r(8, 16, 8), r(8, 16, 8, seed=1), r(8, 16, 8, seed=2))
+
+@prog("lstm_scan_grad")
+def _(mesh):
+    def f(w, xs):
+        def cell(c, x):
+            h, m = c
+            z = jnp.concatenate([x, h], -1) @ w
+            i, g, o, ff = jnp.split(z, 4, -1)
+            m = jax.nn.sigmoid(ff) * m + jax.nn.sigmoid(i) * jnp.tanh(g)
+            h = jax.nn.sigmoid(o) * jnp.tanh(m)
+            return (h, m), h
+        _, hs = lax.scan(cell, (jnp.zeros((8, 16)), jnp.zeros((8, 16))), xs)
+        return jnp.sum(hs ** 2)
+    return jax.value_and_grad(f), (r(24, 64) * 0.1, r(10, 8, 8, seed=1))
+
+@prog("reverse_scan_unroll")
+def _(mesh):
+    return (lambda xs: lax.scan(lambda c, x: (c * 0.9 + x, c), jnp.zeros(8), xs, reverse=True, unroll=2)), (r(12, 8),)
+
+@prog("nested_scan_cond")
+def _(mesh):
+    def f(xs):
+        def outer(c, x):
+            def inner(ci, xi):
+                return lax.cond(xi.sum() > 0, lambda: ci + xi, lambda: ci - xi), ci.sum()
+            c2, ys = lax.scan(inner, c, x)
+            return c2, ys
+        return lax.scan(outer, jnp.zeros(8), xs)
+    return f, (r(4, 5, 8),)
+
+@prog("while_dynamic_trip")
+def _(mesh):
+    return (lambda x, n: lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, jnp.tanh(c[1] @ x)), (0, x))[1]), (r(16, 16) * 0.3, jnp.int32(5))
+
+@prog("ste_stop_gradient")
+def _(mesh):
+    def f(w, x):
+        q = w + lax.stop_gradient(jnp.round(w * 4) / 4 - w)
+        return jnp.sum((x @ q) ** 2)
+    return jax.grad(f), (r(16, 16), r(8, 16, seed=1))
+
+@prog("softmax_where_mask")
+def _(mesh):
+    return (lambda x, m: jax.nn.softmax(x, axis=-1, where=m)), (r(16, 8), r(16, 8, seed=1) > -0.5)
+
+@prog("gather_batched_index")
+def _(mesh):
+    return (lambda x, idx: jnp.take_along_axis(x, idx, axis=1)), (r(16, 32), jax.random.randint(KEY, (16, 4), 0, 32))
+
+@prog("scatter_max_min")
+def _(mesh):
+    return (lambda x, i, v: (x.at[i].max(v), x.at[i].min(v), x.at[i].mul(v))), (r(32, 8), jax.random.randint(KEY, (16,), 0, 32), r(16, 8, seed=1))
+
+@prog("hessian_small")
+def _(mesh):
+    return jax.hessian(lambda w: jnp.sum(jnp.tanh(w @ w.T))), (r(4, 3),)
+
+@prog("jacfwd_rev")
+def _(mesh):
+    return (lambda x: (jax.jacfwd(jnp.sin)(x), jax.jacrev(lambda y: jnp.cumsum(y))(x))), (r(8),)
+
+@prog("float64_disabled_astype")
+def _(mesh):
+    return (lambda x: (x.astype(jnp.float16) * 2).astype(jnp.bfloat16)), (r(16, 8),)
+
+@prog("cond_with_grad_pytree")
+def _(mesh):
+    def f(p, x, flag):
+        def loss(p):
+            return lax.cond(flag, lambda: jnp.sum((x @ p["w"]) ** 2), lambda: jnp.sum(p["b"] ** 2))
+        return jax.grad(loss)(p)
+    return f, ({"w": r(16, 8), "b": r(8, seed=1)}, r(32, 16, seed=2), jnp.bool_(True))
+
+@prog("map_checkpointed_scan")
+def _(mesh):
+    def f(w, xs):
+        body = jax.checkpoint(lambda c, x: (jnp.tanh(c @ w + x), None))
+        c, _ = lax.scan(body, jnp.zeros((8, 16)), xs)
+        return jnp.sum(c)
+    return jax.grad(f), (r(16, 16) * 0.3, r(6, 8, 16, seed=1))
+
+
+# optax optimizers beyond adam: factored moments (adafactor), trust ratios (lamb, lars), sign
+# updates (lion), Newton-Schulz iterations (muon), gradient accumulation (MultiSteps)
+OPTIMIZERS = {
+    "adafactor": lambda: optax.adafactor(1e-3), "lion": lambda: optax.lion(1e-4), "lamb": lambda: optax.lamb(1e-3),
+    "lars": lambda: optax.lars(1e-3), "novograd": lambda: optax.novograd(1e-3), "sm3": lambda: optax.sm3(1e-3),
+    "adabelief": lambda: optax.adabelief(1e-3), "rmsprop": lambda: optax.rmsprop(1e-3, momentum=0.9),
+    "yogi": lambda: optax.yogi(1e-3), "radam": lambda: optax.radam(1e-3), "fromage": lambda: optax.fromage(1e-3),
+    "nesterov": lambda: optax.sgd(1e-2, momentum=0.9, nesterov=True), "adan": lambda: optax.adan(1e-3),
+    "multisteps": lambda: optax.MultiSteps(optax.adam(1e-3), every_k_schedule=2),
+    "prodigy": lambda: optax.contrib.prodigy(1.0), "muon": lambda: optax.contrib.muon(1e-3),
+    "schedule_free": lambda: optax.contrib.schedule_free_adamw(1e-3),
+}
+
+
+def _optimizer_step(make):
+    def build(mesh):
+        tx = make()
+        params = {"w1": r(32, 64) * 0.1, "b1": jnp.zeros(64), "w2": r(64, 16) * 0.1, "conv": r(3, 3, 4, 8) * 0.1}
+
+        def loss(p, x, y):
+            return jnp.mean((jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"] - y) ** 2) + 1e-3 * jnp.sum(p["conv"] ** 2)
+
+        def step(p, s, x, y):
+            value, g = jax.value_and_grad(loss)(p, x, y)
+            u, s = tx.update(g, s, p)
+            return optax.apply_updates(p, u), s, value
+
+        return step, (params, tx.init(params), r(16, 32), r(16, 16))
+    return build
+
+
+for _name, _make in OPTIMIZERS.items():
+    prog(f"optax_{_name}")(_optimizer_step(_make))
 
 
 MESHES = {"2x4": ((2, 4), ("data", "model")), "2x2x2": ((2, 2, 2), ("a", "b", "c"))}

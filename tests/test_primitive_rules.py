@@ -147,6 +147,10 @@ ALL_OLD = ALL_OLD | {"fft", "ragged_dot_general"}
 # signature: batch dimensions split, each matrix whole (it was replicated by fallback)
 OLD_SIGNATURES |= {name: p.batched_linalg for name in p.LINALG_CORE}
 ALL_OLD = ALL_OLD | set(p.LINALG_CORE)
+# lax.approx_max_k is planned as top_k, and random_gamma (its key is PRNG plumbing) replicated by
+# rule, as the other key consumers (both were replicated by fallback, with a warning)
+OLD_SIGNATURES |= {"approx_top_k": p.top_k, "random_gamma": p.replicated}
+ALL_OLD = ALL_OLD | {"approx_top_k", "random_gamma"}
 
 
 def _old_linear(name: str, t: EqnTypes) -> tuple[tuple[int, ...], ...]:

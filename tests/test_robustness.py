@@ -339,3 +339,16 @@ def test_a_mesh_of_one_device(shape):
         args = (jnp.arange(64.0).reshape(8, 8) / 64, jnp.ones((8, 8)))
         plan = shardsat.saturate_and_extract(f, one, *args)
         check_plan(plan, *args)
+
+
+def test_approx_max_k_and_random_gamma_are_replicated_by_rule(mesh):
+    """lax.approx_max_k is planned as top_k and jax.random.gamma as the other key consumers: no
+    fallback warning for either (both were replicated by fallback)."""
+
+    def f(x, key):
+        return lax.approx_max_k(x, 4), jax.random.gamma(key, jnp.abs(x) + 0.5)
+
+    args = (jnp.arange(128.0).reshape(8, 16) / 7, jax.random.PRNGKey(1))
+    plan = strict_plan(f, mesh, *args)
+    assert plan.report.fallbacks == []
+    check_plan(plan, *args)

@@ -103,6 +103,7 @@ _BUILTIN: list[PrimitiveRule] = [
     _op("rev", p.rev, fusible=True, fuse=Fuse.CHEAP),
     _op("sort", p.sort, sorts_in_place=True),
     _op("top_k", p.top_k),
+    _op("approx_top_k", p.top_k),  # lax.approx_max_k: as top_k on CPU and GPU (its fallback is a sort)
     # XLA's partitioner all-gathers an fft's operand even where only batch dimensions are split
     # (jax 0.10, CPU): replicated by rule, so the plan predicts the gather that runs
     _replicated("fft"),
@@ -121,7 +122,7 @@ _BUILTIN: list[PrimitiveRule] = [
     # ---- PRNG key plumbing and bit generation: every device draws the same (replicated) bits,
     # which consumers slice for free. Correct everywhere; sharded generation is future work.
     *(_replicated(name) for name in ("random_bits", "random_seed", "random_wrap", "random_unwrap",
-                                     "random_split", "random_fold_in")),
+                                     "random_split", "random_fold_in", "random_gamma")),
     # ---- indexing.py: gather and the scatter family
     _op("gather", ix.gather, localize=operand_sizes("slice_sizes"), fuse=Fuse.GATHER),
     *(_op(name, ix.scatter, fuse=Fuse.INPLACE) for name in ix.SCATTERS),
