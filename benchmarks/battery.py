@@ -3,8 +3,9 @@
 Each program is one a user may well hand to shardsat: attention, scans, linear algebra, PRNG
 keys, callbacks, custom derivatives, optax chains, integer and complex arithmetic, pytrees with
 None; and a third set: fft, transposed and grouped convolutions, resizing, special functions,
-RoPE attention, an LSTM, nested control flow, higher derivatives, 17 optax optimizers. Per program and mesh: whether the plan matches jax.jit (`check_plan`), which primitives
-stay replicated by fallback, and the planning time. The fuzz campaign (`python -m fuzz`) draws
+RoPE attention, an LSTM, nested control flow, higher derivatives, 17 optax optimizers. Per
+program and mesh: whether the plan matches jax.jit (`check_plan`), which primitives stay
+replicated by fallback, and the planning time. The fuzz campaign (`python -m fuzz`) draws
 random model programs; this battery covers primitives it does not draw.
 
 Left out: `io_callback`, which aborts the process in jax.jit itself on 8 simulated CPU devices
