@@ -57,7 +57,7 @@ from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
 from .options import FALLBACKS as FALLBACKS  # re-exported: it was defined here
 from .options import check_options, memory_limit_problem, multihost_problem
-from .pins import resolve_pins, resolve_ties
+from .pins import example_pins, resolve_pins, resolve_ties
 from .prepare import FOLD_AUTO_EQUATIONS as FOLD_AUTO_EQUATIONS  # re-exported: it was defined here
 from .prepare import Prepared, prepare
 from .prepare import fold_threshold as fold_threshold
@@ -132,6 +132,8 @@ def saturate_and_extract(
     """Plan how to shard `fn(*example_args)` over `mesh`.
 
     example_args: arrays or `jax.ShapeDtypeStruct`s, any pytrees (what `fn` will be called with).
+      A struct carrying a NamedSharding on `mesh` pins that argument to it (as jax.jit's lower
+      takes it) unless in_shardings says otherwise; an array's placement pins nothing.
     profile: a DeviceProfile, a preset name ("h100", "h200", "tpu_v5e", "cpu") or the path of a
       profile saved as JSON (`DeviceProfile.calibrate(mesh).save(path)`); by default the preset of
       the mesh's platform.
@@ -198,6 +200,7 @@ def _plan_checked(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
     if not isinstance(strict, bool):
         raise InvalidArgumentError(f"strict must be True or False, got {strict!r}.")
     mode = "error" if strict else fallback or "replicate"
+    options["in_shardings"] = example_pins(example_args, options.get("in_shardings"), mesh)
     check_options(fn, mesh, example_args, profile=profile, limits=limits, fallback=mode, rules=rules,
                   cache_dir=cache_dir, **options)
     if isinstance(options.get("priors"), os.PathLike):

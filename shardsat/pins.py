@@ -116,3 +116,38 @@ def resolve_pins(
             "an argument free."
         )
     return arg_pins, out_pins
+
+
+def example_pins(example_args: tuple[Any, ...], in_shardings: Any, mesh: Any) -> Any:
+    """in_shardings with each free argument that is a `jax.ShapeDtypeStruct` carrying a
+    NamedSharding pinned to that sharding's spec, as `jax.jit(f).lower(struct)` takes it (a
+    struct has no data: its sharding can only be the user's intent). An array's placement pins
+    nothing (it is often incidental: where the last step left it). Unchanged where no struct
+    carries a NamedSharding, or where in_shardings is malformed (check_options names that)."""
+    leaves, tree = jax.tree_util.tree_flatten(tuple(example_args))
+    if not any(isinstance(x, jax.ShapeDtypeStruct) and isinstance(x.sharding, NamedSharding) for x in leaves):
+        return in_shardings
+    if in_shardings is not None and (not isinstance(in_shardings, tuple | list)
+                                     or len(in_shardings) != len(example_args)):
+        return in_shardings
+    try:
+        flat = _flat_pins(None if in_shardings is None else tuple(in_shardings), tree, "in_shardings")
+    except InvalidArgumentError:
+        return in_shardings
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tuple(example_args))[0]]
+    pins = [pin if pin is not None else _struct_spec(x, mesh, f"args{path}")
+            for pin, x, path in zip(flat, leaves, paths, strict=True)]
+    return tuple(jax.tree_util.tree_unflatten(tree, pins))
+
+
+def _struct_spec(x: Any, mesh: Any, path: str) -> PartitionSpec | None:
+    """A struct's spec where its NamedSharding is on the plan's mesh (axis names and sizes)."""
+    sharding = getattr(x, "sharding", None) if isinstance(x, jax.ShapeDtypeStruct) else None
+    if not isinstance(sharding, NamedSharding):
+        return None
+    if dict(sharding.mesh.shape) != dict(mesh.shape) or tuple(sharding.mesh.axis_names) != tuple(mesh.axis_names):
+        raise InvalidArgumentError(
+            f"saturate_and_extract: example argument {path} is a ShapeDtypeStruct with a sharding on mesh "
+            f"{dict(sharding.mesh.shape)}, not the plan's mesh {dict(mesh.shape)}. Consider a sharding on the "
+            "plan's mesh, or a struct with no sharding to let shardsat choose its layout.")
+    return sharding.spec

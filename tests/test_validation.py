@@ -160,6 +160,33 @@ def test_pins_on_another_mesh_are_refused():
     assert plan.in_shardings[0].spec == P("data")
 
 
+def test_a_struct_with_a_sharding_pins_its_argument():
+    """A ShapeDtypeStruct carrying a NamedSharding on the plan's mesh pins that argument, as
+    jax.jit(f).lower(struct) takes it (it was ignored); in_shardings wins where both are given,
+    an array's placement pins nothing, and a struct on another mesh is named."""
+    mesh = mesh24()
+
+    def f(x, w):
+        return jnp.tanh(x @ w)
+
+    def struct(spec, m=mesh):
+        return jax.ShapeDtypeStruct((16, 16), jnp.float32, sharding=NamedSharding(m, spec))
+
+    for spec in (P("model", "data"), P()):
+        plan = shardsat.saturate_and_extract(f, mesh, struct(spec), jax.ShapeDtypeStruct((16, 16), jnp.float32))
+        assert plan.in_shardings[0].spec == spec
+    plan = shardsat.saturate_and_extract(f, mesh, struct(P("model")), struct(P()), in_shardings=(None, P("data")))
+    assert [s.spec for s in plan.in_shardings] == [P("model"), P("data")]
+    x = jnp.arange(256.0).reshape(16, 16) / 256
+    placed = jax.device_put(x, NamedSharding(mesh, P(None, "model")))
+    free = shardsat.saturate_and_extract(f, mesh, x, x)
+    assert shardsat.saturate_and_extract(f, mesh, placed, x).in_shardings[0].spec == free.in_shardings[0].spec
+    assert_equivalent(plan, f, x, x)
+    other = jax.make_mesh((8,), ("x",))
+    msg = error_of(shardsat.saturate_and_extract, f, mesh, struct(P("x"), other), x)
+    assert "args[0] is a ShapeDtypeStruct with a sharding on mesh {'x': 8}" in msg
+
+
 def test_bad_pin_leaves_and_entries():
     assert "in_shardings[0] is int 3" in error_of(plan_sin, in_shardings=(3,))
     msg = error_of(plan_sin, in_shardings=(P(None, ("data", 3)),))
