@@ -24,10 +24,13 @@ from .program import is_extended, itemsize
 
 @dataclass(frozen=True)
 class MeshAxes:
-    """The mesh as the planner sees it: axis names and sizes. Axes of size 1 are never used."""
+    """The mesh as the planner sees it: axis names and sizes. Axes of size 1 are never used.
+    `platform` (the devices' jax platform) only says how XLA lowers some primitives there (the
+    memory model's dense ragged_dot on CPU); two meshes of other platforms plan alike."""
 
     names: tuple[str, ...]
     sizes: tuple[int, ...]
+    platform: str = field(default="cpu", compare=False)
 
     @staticmethod
     def from_mesh(mesh: Mesh) -> MeshAxes:
@@ -37,7 +40,7 @@ class MeshAxes:
         if len(set(names)) != len(names):
             raise InvalidMeshError(f"Mesh axis names repeat: {names}.")
         sizes = tuple(int(mesh.shape[n]) for n in names)
-        return MeshAxes(names, sizes)
+        return MeshAxes(names, sizes, str(mesh.devices.flat[0].platform))
 
     @functools.cached_property
     def active(self) -> tuple[int, ...]:

@@ -16,6 +16,7 @@ the other branches' temps are never live with it.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -76,6 +77,8 @@ class Timeline:
         self.whole_at = [[isinstance(a, int) and self.reads_whole(e, pos, a) for pos, a in enumerate(e.inputs)]
                          for e in self.seq]
         self.literal_broadcasts = self._literal_broadcasts()
+        platform = spaces.mesh.platform
+        self.dense = {t: ops for t, e in enumerate(self.seq) if (ops := fusion.dense_ragged_operands(e, platform))}
 
     # -- static structure ---------------------------------------------------------------------
     def key(self, v: int) -> Key | None:
@@ -459,6 +462,7 @@ class PlanLiveness:
         self._combine()
         self._transposes(reads)
         self._literal_broadcasts()
+        self._dense_expansions()
 
     def _literal_broadcasts(self) -> None:
         """A broadcast literal the library reductions read (Timeline._literal_broadcasts): one
@@ -659,6 +663,38 @@ class PlanLiveness:
                 # the raw gathered buffer now, the transposed copy (the view) a step later
                 self.transient.append((t, t, self.tl.size(*b)))
                 self.born[b] = min(t + 1, max(self.last.get(b, t), t))
+
+    def _dense_expansions(self) -> None:
+        """A ragged dot's operands expanded per group (fusion.dense_ragged_operands): each a
+        buffer of its dot alone, written as soon as its operand is (XLA:CPU's breadth-first
+        schedule: an argument's expansion for the weight gradient is written at the start).
+        The (groups, *shard) boolean mask that selects each group's rows is fused into its one
+        expansion, or, read by several, one buffer per group sizes and shard shape (XLA's CSE
+        shares it between the forward pass and the gradients) until its last reader."""
+        tl = self.tl
+        masks: dict[tuple[Key | None, tuple[int, ...]], tuple[int, int, int, int]] = {}
+        for t, ops in tl.dense.items():
+            e = tl.seq[t]
+            if not any(k in self.produced for k in tl.first[t]):
+                continue
+            lids = tl.operand_layouts(t, self.ch)
+            gs = e.inputs[2]
+            groups = tl.program.values[gs].shape[-1] if isinstance(gs, int) else 1
+            for pos in ops:
+                a = e.inputs[pos]
+                k = tl.key(a) if isinstance(a, int) else None
+                lid = lids[pos] if pos < len(lids) else None
+                lid = self.produced.get(k) if lid is None and k is not None else lid
+                if k is None or lid is None:
+                    continue
+                born = self.born.get((k, lid), self.born.get((k, self.produced.get(k, -1)), 0))
+                self.transient.append((min(born, t), t, groups * tl.size(k, lid)))
+                v = tl.program.values[a]
+                shard = tuple(tl.spaces.layouts[lid].shard_shape(v.shape, tl.spaces.mesh))
+                key = (tl.key(gs) if isinstance(gs, int) else None, shard)
+                lo, hi, _, n = masks.get(key, (t, t, 0, 0))
+                masks[key] = (min(lo, born, t), max(hi, t), groups * math.prod(shard), n + 1)
+        self.transient += [(lo, hi, size) for lo, hi, size, n in masks.values() if n > 1]
 
     def _minor(self, k: Key, lid: int, dim: int) -> bool:
         """Does a dimension before `dim` have more than one element per shard?"""
