@@ -574,6 +574,46 @@ def _(mesh):
     return jax.grad(f), (r(16, 16) * 0.3, r(6, 8, 16, seed=1))
 
 
+@prog("vmap_psum_pmean")
+def _(mesh):
+    norm = jax.vmap(lambda x: (x - lax.pmean(x, "b")) / lax.psum(jnp.abs(x).sum(), "b"), axis_name="b")
+    return norm, (r(16, 8),)
+
+
+@prog("vmap_all_gather_axis_index")
+def _(mesh):
+    return jax.vmap(lambda x: lax.all_gather(x, "b").sum(0) * x + lax.axis_index("b"), axis_name="b"), (r(8, 4),)
+
+
+@prog("lax_reduce_user_combiner")
+def _(mesh):
+    def f(x, i):
+        return lax.reduce((x, i), (-jnp.inf, 0), lambda a, b: (jnp.maximum(a[0], b[0]),
+                                                                jnp.where(a[0] >= b[0], a[1], b[1])), (1,))
+    return f, (r(16, 8), jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (16, 8)))
+
+
+@prog("sort_key_val")
+def _(mesh):
+    return (lambda k, v: lax.sort_key_val(k, v, dimension=1)), (r(16, 8), r(16, 8, seed=1))
+
+
+@prog("while_with_cond_inside")
+def _(mesh):
+    def f(x):
+        def body(c):
+            return c[0] + 1, lax.cond(c[0] % 2 == 0, lambda y: y * 2, lambda y: y - 1, c[1])
+        return lax.while_loop(lambda c: c[0] < 4, body, (0, x))[1]
+    return f, (r(16, 8),)
+
+
+@prog("remat_dots_policy")
+def _(mesh):
+    policy = jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims
+    return jax.grad(lambda w, x: jnp.sum(jax.checkpoint(lambda w: jnp.tanh(x @ w) @ w.T, policy=policy)(w))), \
+        (r(16, 16), r(32, 16, seed=1))
+
+
 # optax optimizers beyond adam: factored moments (adafactor), trust ratios (lamb, lars), sign
 # updates (lion), Newton-Schulz iterations (muon), gradient accumulation (MultiSteps)
 OPTIMIZERS = {

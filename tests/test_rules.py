@@ -267,3 +267,21 @@ def test_linear_solve_is_planned_through_its_solve_body(mesh):
     lus = [e for e in plan.program.equations if e.name == "lu"]
     assert lus and all(plan.layout_of(e.outputs[0]).spec(plan.axes)[0] is not None for e in lus)
     check_plan(plan, *args, rtol=1e-3)
+
+
+def test_vmap_psum_and_a_users_reduce_are_split(mesh):
+    """vmap's psum over its named axis (a positional psum: per-example normalisation, a batch
+    norm written with pmean) and lax.reduce with the user's combiner (max with its argmax):
+    every strategy of each computes the same on shards, and neither is replicated by fallback."""
+
+    def f(x, i):
+        norm = jax.vmap(lambda r: (r - jax.lax.pmean(r, "b")) / jax.lax.psum(jnp.abs(r).sum(), "b"), axis_name="b")
+        best = jax.lax.reduce((x, i), (-jnp.inf, 0), lambda a, b: (jnp.maximum(a[0], b[0]),
+                                                                     jnp.where(a[0] >= b[0], a[1], b[1])), (1,))
+        return norm(x), best
+
+    args = (rnd(16, 8), jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (16, 8)))
+    assert check_equation_rules(f, *args, mesh=mesh, rtol=1e-4) == []
+    plan = shardsat.saturate_and_extract(f, mesh, *args, strict=True)
+    assert plan.report.fallbacks == []
+    check_plan(plan, *args, rtol=1e-4)

@@ -173,6 +173,30 @@ def argminmax(t: EqnTypes) -> FactorSignature:
     return _reduce(t, summed=False)
 
 
+def positional_psum(t: EqnTypes) -> FactorSignature:
+    """psum over positional axes (what vmap makes of a psum over its named axis): a sum of
+    those dimensions. Over a named mesh axis it is the user's own collective: replicated."""
+    axes = tuple(t.params.get("axes", ()))
+    if len(t.in_shapes) != 1 or not axes or not all(isinstance(a, int) for a in axes):
+        return replicated(t)
+    return _reduce(t, summed=True)
+
+
+def reduce_generic(t: EqnTypes) -> FactorSignature:
+    """lax.reduce with the user's combiner over n operands and n scalar initial values: the
+    reduced dimensions whole (the combiner runs within a shard, nothing combines partial
+    results), the others split alike on every operand and result."""
+    axes = frozenset(int(a) for a in t.params["dimensions"])
+    n = len(t.out_shapes)
+    fac = _dims("d", len(t.in_shapes[0]))
+    operand = tuple((f,) for f in fac)
+    kept = tuple((f,) for i, f in enumerate(fac) if i not in axes)
+    if len(t.in_shapes) != 2 * n or any(s != t.in_shapes[0] for s in t.in_shapes[:n]):
+        return replicated(t)
+    return _sig(t, [operand] * n + [()] * n, [kept] * n, need_replication=frozenset(fac[i] for i in axes),
+                flops=float(n * math.prod(t.in_shapes[0])))
+
+
 def cumulative(t: EqnTypes) -> FactorSignature:
     axis = int(t.params["axis"])
     fac = _dims("d", len(t.in_shapes[0]))
