@@ -151,11 +151,12 @@ ALL_OLD = ALL_OLD | set(p.LINALG_CORE)
 # rule, as the other key consumers (both were replicated by fallback, with a warning)
 OLD_SIGNATURES |= {"approx_top_k": p.top_k, "random_gamma": p.replicated}
 ALL_OLD = ALL_OLD | {"approx_top_k", "random_gamma"}
-# vmap's psum over its named axis (positional axes) is a sum, and lax.reduce with a user's
-# combiner keeps its reduced dimensions whole (both were replicated by fallback)
-OLD_SIGNATURES |= {"psum": p.positional_psum, "reduce": p.reduce_generic}
-OLD_REDUCE = OLD_REDUCE | {"psum", "reduce"}
-ALL_OLD = ALL_OLD | {"psum", "reduce"}
+# vmap's psum, pmax and pmin over its named axis (positional axes) are reductions, and
+# lax.reduce with a user's combiner keeps its reduced dimensions whole (all were fallbacks)
+OLD_SIGNATURES |= {"psum": p.positional_collective, "pmax": p.positional_collective,
+                   "pmin": p.positional_collective, "reduce": p.reduce_generic}
+OLD_REDUCE = OLD_REDUCE | {"psum", "pmax", "pmin", "reduce"}
+ALL_OLD = ALL_OLD | {"psum", "pmax", "pmin", "reduce"}
 
 
 def _old_linear(name: str, t: EqnTypes) -> tuple[tuple[int, ...], ...]:

@@ -270,12 +270,13 @@ def test_linear_solve_is_planned_through_its_solve_body(mesh):
 
 
 def test_vmap_psum_and_a_users_reduce_are_split(mesh):
-    """vmap's psum over its named axis (a positional psum: per-example normalisation, a batch
-    norm written with pmean) and lax.reduce with the user's combiner (max with its argmax):
+    """vmap's psum, pmax and pmin over its named axis (positional: per-example normalisation, a
+    batch norm written with pmean) and lax.reduce with the user's combiner (max with its argmax):
     every strategy of each computes the same on shards, and neither is replicated by fallback."""
 
     def f(x, i):
-        norm = jax.vmap(lambda r: (r - jax.lax.pmean(r, "b")) / jax.lax.psum(jnp.abs(r).sum(), "b"), axis_name="b")
+        norm = jax.vmap(lambda r: (r - jax.lax.pmean(r, "b")) / jax.lax.psum(jnp.abs(r).sum(), "b")
+                        + jax.lax.pmax(r, "b") - jax.lax.pmin(r, "b"), axis_name="b")
         best = jax.lax.reduce((x, i), (-jnp.inf, 0), lambda a, b: (jnp.maximum(a[0], b[0]),
                                                                      jnp.where(a[0] >= b[0], a[1], b[1])), (1,))
         return norm(x), best

@@ -173,13 +173,14 @@ def argminmax(t: EqnTypes) -> FactorSignature:
     return _reduce(t, summed=False)
 
 
-def positional_psum(t: EqnTypes) -> FactorSignature:
-    """psum over positional axes (what vmap makes of a psum over its named axis): a sum of
-    those dimensions. Over a named mesh axis it is the user's own collective: replicated."""
+def positional_collective(t: EqnTypes) -> FactorSignature:
+    """psum, pmax or pmin over positional axes (what vmap makes of one over its named axis): a
+    sum, max or min of those dimensions. Over a named mesh axis it is the user's own
+    collective: replicated."""
     axes = tuple(t.params.get("axes", ()))
     if len(t.in_shapes) != 1 or not axes or not all(isinstance(a, int) for a in axes):
         return replicated(t)
-    return _reduce(t, summed=True)
+    return _reduce(t, summed=t.name == "psum")
 
 
 def reduce_generic(t: EqnTypes) -> FactorSignature:

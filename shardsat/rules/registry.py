@@ -79,7 +79,8 @@ _BUILTIN: list[PrimitiveRule] = [
     _op("reduce_sum", p.reduce_sum, fuse=Fuse.REDUCE),
     *(_op(name, p.reduce_other, fuse=Fuse.REDUCE)
       for name in ("reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor")),
-    _op("psum", p.positional_psum, fuse=Fuse.REDUCE),  # vmap's psum over its named axis
+    # vmap's psum, pmax and pmin over its named axis
+    *(_op(name, p.positional_collective, fuse=Fuse.REDUCE) for name in ("psum", "pmax", "pmin")),
     _op("reduce", p.reduce_generic, fuse=Fuse.REDUCE),  # lax.reduce with the user's combiner
     _op("argmax", p.argminmax, fuse=Fuse.REDUCE),
     _op("argmin", p.argminmax, fuse=Fuse.REDUCE),
