@@ -149,8 +149,8 @@ OLD_SIGNATURES |= {name: p.batched_linalg for name in p.LINALG_CORE}
 ALL_OLD = ALL_OLD | set(p.LINALG_CORE)
 # lax.approx_max_k is planned as top_k, and random_gamma (its key is PRNG plumbing) replicated by
 # rule, as the other key consumers (both were replicated by fallback, with a warning)
-OLD_SIGNATURES |= {"approx_top_k": p.top_k, "random_gamma": p.replicated}
-ALL_OLD = ALL_OLD | {"approx_top_k", "random_gamma"}
+OLD_SIGNATURES |= {"approx_top_k": p.top_k, "random_gamma": p.replicated, "platform_index": p.replicated}
+ALL_OLD = ALL_OLD | {"approx_top_k", "random_gamma", "platform_index"}
 # vmap's psum, pmax and pmin over its named axis (positional axes) are reductions, and
 # lax.reduce with a user's combiner keeps its reduced dimensions whole (all were fallbacks)
 OLD_SIGNATURES |= {"psum": p.positional_collective, "pmax": p.positional_collective,

@@ -34,6 +34,7 @@ CALL_PRIMITIVES = frozenset(
         "remat",
         "remat2",
         "name",
+        "composite",  # lax.composite: its body is its value (the name is for backends that match it)
     }
 )
 _BODY_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")

@@ -126,6 +126,8 @@ _BUILTIN: list[PrimitiveRule] = [
     # which consumers slice for free. Correct everywhere; sharded generation is future work.
     *(_replicated(name) for name in ("random_bits", "random_seed", "random_wrap", "random_unwrap",
                                      "random_split", "random_fold_in", "random_gamma")),
+    # lax.platform_dependent's branch index: a scalar the lowering fixes
+    _replicated("platform_index"),
     # ---- indexing.py: gather and the scatter family
     _op("gather", ix.gather, localize=operand_sizes("slice_sizes"), fuse=Fuse.GATHER),
     *(_op(name, ix.scatter, fuse=Fuse.INPLACE) for name in ix.SCATTERS),
