@@ -151,6 +151,12 @@ ALL_OLD = ALL_OLD | set(p.LINALG_CORE)
 # rule, as the other key consumers (both were replicated by fallback, with a warning)
 OLD_SIGNATURES |= {"approx_top_k": p.top_k, "random_gamma": p.replicated, "platform_index": p.replicated}
 ALL_OLD = ALL_OLD | {"approx_top_k", "random_gamma", "platform_index"}
+# igamma_grad_a (the gradient of lax.igamma in its first argument) is elementwise and expensive
+OLD_SIGNATURES |= {"igamma_grad_a": p.elementwise}
+OLD_ELEMENTWISE = [*OLD_ELEMENTWISE, "igamma_grad_a"]
+OLD_FUSIBLE = OLD_FUSIBLE | {"igamma_grad_a"}
+OLD_EXPENSIVE = OLD_EXPENSIVE | {"igamma_grad_a"}
+ALL_OLD = ALL_OLD | {"igamma_grad_a"}
 # vmap's psum, pmax and pmin over its named axis (positional axes) are reductions, and
 # lax.reduce with a user's combiner keeps its reduced dimensions whole (all were fallbacks)
 OLD_SIGNATURES |= {"psum": p.positional_collective, "pmax": p.positional_collective,

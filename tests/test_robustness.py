@@ -343,13 +343,14 @@ def test_a_mesh_of_one_device(shape):
 
 def test_approx_max_k_random_gamma_composite_and_platform_dependent_need_no_fallback(mesh):
     """lax.approx_max_k is planned as top_k and jax.random.gamma as the other key consumers,
-    lax.composite's body is inlined and lax.platform_dependent's index replicated by rule: no
-    fallback warning for any (all were replicated by fallback)."""
+    lax.composite's body is inlined, lax.platform_dependent's index replicated by rule and
+    igamma's gradient elementwise: no fallback warning for any (all were fallbacks)."""
 
     def f(x, key):
         y = lax.composite(lambda a: jnp.tanh(a) * 2, name="my.tanh2")(x)
         z = lax.platform_dependent(x, cpu=lambda a: a * 2, default=lambda a: a * 3)
-        return lax.approx_max_k(x, 4), jax.random.gamma(key, jnp.abs(x) + 0.5), y, z
+        da = jax.grad(lambda a: jnp.sum(lax.igamma(a, jnp.abs(x) + 0.5)))(jnp.abs(x) + 1.0)  # igamma_grad_a
+        return lax.approx_max_k(x, 4), jax.random.gamma(key, jnp.abs(x) + 0.5), y, z, da
 
     args = (jnp.arange(128.0).reshape(8, 16) / 7, jax.random.PRNGKey(1))
     plan = strict_plan(f, mesh, *args)

@@ -54,7 +54,7 @@ _EXPENSIVE = (
     "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "cosh", "digamma", "erf", "erf_inv",
     "erfc", "exp", "exp2", "expm1", "igamma", "igammac", "lgamma", "log", "log1p", "logistic", "pow", "rem",
     "rsqrt", "sinh", "sqrt", "tan", "tanh", "bessel_i0e", "bessel_i1e", "polygamma", "zeta",
-    "regularized_incomplete_beta", "random_gamma_grad", "threefry2x32",
+    "regularized_incomplete_beta", "random_gamma_grad", "threefry2x32", "igamma_grad_a",
 )
 
 _BUILTIN: list[PrimitiveRule] = [
