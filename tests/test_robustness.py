@@ -6,6 +6,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import assert_equivalent
 from jax import lax
@@ -141,6 +142,31 @@ def test_planned_under_a_mesh_of_explicit_axes():
         want = jax.jit(f)(x, ids)
     for g, w in zip(got, want, strict=True):
         assert jnp.allclose(g, w)
+
+
+def test_explicit_sharding_annotations_under_a_mesh_of_explicit_axes():
+    """A function written for Explicit axes (einsum's out_sharding=, reshard) and its gradient,
+    planned and run inside `jax.set_mesh`: its traced equations carry sharding types on the
+    Explicit mesh (broadcast_in_dim's `sharding` in the gradient), which the plan's Auto mesh
+    refused at run time ("context mesh ... should match the aval mesh")."""
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+
+    def f(x, w):
+        h = jnp.einsum("bd,df->bf", x, w, out_sharding=P("data", "model"))
+        return jnp.sum(jax.sharding.reshard(jnp.tanh(h), P("data", None)), axis=1)
+
+    def g(x, w):
+        return jax.grad(lambda w: jnp.sum(f(x, w) ** 2))(w)
+
+    with jax.set_mesh(mesh):
+        x = jax.device_put(jnp.arange(256.0).reshape(16, 16) / 256, P("data", None))
+        w = jax.device_put(jnp.ones((16, 32)) / 16, P(None, "model"))
+        for fn in (f, g):
+            plan = shardsat.saturate_and_extract(fn, mesh, x, w)
+            assert np.allclose(np.asarray(plan.jit()(x, w)), np.asarray(jax.jit(fn)(x, w)), rtol=1e-5)
+            check_plan(plan, x, w)
 
 
 def test_python_scalar_arguments_stay_weakly_typed(mesh):

@@ -278,12 +278,29 @@ def bind(primitive: Any, operands: Sequence[Any], params: dict[str, Any]) -> Any
     """Apply a traced equation's primitive to `operands`. Higher-order primitives (shard_map, for
     one) take their bodies as bind arguments, not as the jaxpr params the equation holds: jax's
     own evaluator splits them the same way."""
+    if primitive.name != "sharding_constraint":  # a user's pin: the plan keeps it (rules/registry.py)
+        params = _typed_shardings_dropped(params)
     bind_params = primitive.get_bind_params(params)
     subfuns: Sequence[Any] = ()
     if isinstance(bind_params, tuple):  # jax versions that return the bodies beside the params
         subfuns, bind_params = bind_params
     out = primitive.bind(*subfuns, *operands, **bind_params)
     return list(out) if primitive.multiple_results else out  # shard_map gives a FlatTree
+
+
+_RESULT_SHARDINGS = ("sharding", "out_sharding")
+
+
+def _typed_shardings_dropped(params: dict[str, Any]) -> dict[str, Any]:
+    """A result's sharding type (`out_sharding=`, broadcast_in_dim's `sharding`) on a mesh of
+    Explicit axes, dropped where none is in context: a function traced under a user's
+    `jax.set_mesh` of Explicit axes carries them, and the plan runs on its Auto copy of the mesh,
+    where jax refuses them. The plan places the value itself."""
+    drop = [k for k in _RESULT_SHARDINGS if isinstance(params.get(k), jax.sharding.NamedSharding)
+            and any(t == jax.sharding.AxisType.Explicit for t in params[k].mesh.axis_types)]
+    if not drop or not all(t == jax.sharding.AxisType.Auto for t in jax.sharding.get_abstract_mesh().axis_types):
+        return params
+    return {**params, **{k: None for k in drop}}
 
 
 def make_jaxpr_in(fn: Callable[..., Any], args: Sequence[Any], context: Any) -> tuple[jcore.ClosedJaxpr, Any]:
