@@ -131,12 +131,10 @@ def saturate_and_extract(
 ) -> Plan:
     """Plan how to shard `fn(*example_args)` over `mesh`.
 
-    example_args: arrays or `jax.ShapeDtypeStruct`s, any pytrees (what `fn` will be called with).
-      A struct carrying a NamedSharding on `mesh` pins that argument to it (as jax.jit's lower
-      takes it) unless in_shardings says otherwise; an array's placement pins nothing.
+    example_args: arrays or `jax.ShapeDtypeStruct`s, any pytrees (what `fn` will be called with);
+      a struct's NamedSharding on `mesh` pins that argument (unless in_shardings says otherwise).
     profile: a DeviceProfile, a preset name ("h100", "h200", "tpu_v5e", "cpu") or the path of a
-      profile saved as JSON (`DeviceProfile.calibrate(mesh).save(path)`); by default the preset of
-      the mesh's platform.
+      saved profile (`DeviceProfile.calibrate(mesh).save(path)`); default: the platform's preset.
     limits: bounds on the search (`shardsat.Limits`); the plan's report says which one stopped it.
     fallback: "replicate" (the default) keeps an equation no sharding rule applies to replicated:
       the plan lists it (`plan.report.fallbacks`, `plan.explain()`) and a
