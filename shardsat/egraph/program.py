@@ -1,8 +1,9 @@
 """The program IR: a flat, inlined list of jaxpr equations over numbered values.
 
 Tracing goes through `jax.make_jaxpr`; nested call primitives (`jit`/`pjit`, `closed_call`,
-`custom_jvp_call`, `custom_vjp_call`, `checkpoint`, and `custom_linear_solve`'s solve) are inlined so
-that sharding decisions can cross function boundaries. Everything later in the pipeline refers to values by their integer id.
+`custom_jvp_call`, `custom_vjp_call`, `checkpoint`, `composite`, and `custom_linear_solve`'s solve)
+are inlined so that sharding decisions can cross function boundaries. Everything later in the
+pipeline refers to values by their integer id.
 """
 
 from __future__ import annotations

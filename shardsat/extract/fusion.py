@@ -155,7 +155,6 @@ def _conv_transposed(eqn: Equation, ranks: tuple[int, ...]) -> list[int]:
     return out
 
 
-
 # platforms whose lowering of lax.ragged_dot is a grouped product (jax registers one for gpu
 # and tpu); elsewhere jax lowers it densely
 RAGGED_NATIVE = frozenset({"gpu", "tpu", "cuda", "rocm"})
