@@ -106,7 +106,7 @@ _BUILTIN: list[PrimitiveRule] = [
     _op("rev", p.rev, fusible=True, fuse=Fuse.CHEAP),
     _op("sort", p.sort, sorts_in_place=True),
     _op("top_k", p.top_k),
-    _op("approx_top_k", p.top_k),  # lax.approx_max_k: as top_k on CPU and GPU (its fallback is a sort)
+    _op("approx_top_k", p.top_k),  # lax.approx_max_k: replicated as top_k (not measured apart from it)
     # XLA's partitioner all-gathers an fft's operand even where only batch dimensions are split
     # (jax 0.10, CPU): replicated by rule, so the plan predicts the gather that runs
     _replicated("fft"),
