@@ -2,8 +2,11 @@
 
 import os
 
+# LLVM's optimisation level 0 halves XLA:CPU's compile time, most of many tests' time (a 1-layer
+# GPT step: 9.4 -> 4.7 s for two compiles); buffer assignment, and so memory_analysis(), is the
+# HLO's and does not change with it (the same bytes to the byte on test_memory's steps)
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 ).strip()
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 

@@ -1,13 +1,17 @@
 """A fixed-seed slice of the fuzz campaign (fuzz/), run in-process: every program of the slice
 must plan and match jax.jit (outcome ok or fallback).
 
-The slice is seeds 500-527: 28 programs, not the ~100 one would like, because a program costs
-about 2-3 s in-process (trace, plan with the layout families, two compiles, run on 8 simulated
-devices) and this file must stay around a minute on a 2-core machine. The range was picked from
-a 600-program campaign for its spread: over 90 block kinds, all three families, training steps,
-Auto, Explicit and mixed meshes, and most failure classes (it was 36 programs until the layout
-families made planning slower and the suite neared CI's limit). `make fuzz`
-runs the campaign proper (1000 programs in worker processes, with timeouts).
+The slice is 21 of seeds 500-527 and three cheap seeds from elsewhere, not the ~100 one would
+like, because a program costs 1-18 s in-process on a 2-core box (trace, plan with the layout
+families, two compiles, run on 8 simulated devices) and the suite must stay within CI's budget.
+The range was picked from a 600-program campaign for its spread (over 90 block kinds, all three
+families, training steps, Auto, Explicit and mixed meshes, most failure classes). The seven left
+out (506, 516, 520, 521, 523, 524, 525) took 101 s of the range's 170 on such a box; seeds 5, 27
+and 555 (14 s) draw most of the block kinds only they drew (depthwise and strided convolutions,
+wrap padding, AdamW and hand-written update steps, argsort with take_along_axis, a one-row embedding). What
+only the campaign draws now: mixed-precision casts, a raw head, optax's SGD, dilated NCHW
+convolutions. `make fuzz` runs the campaign proper (1000 programs in worker processes, with
+timeouts) before a change to shardsat/ lands.
 
 Every seed of the slice must pass: the campaign's defect classes found in it (gather over size-1
 dims, Explicit meshes under jax.set_mesh, state ties, zero-size reshapes, dropped callbacks,
@@ -26,12 +30,15 @@ from fuzz.programs import build, make_program
 
 FIRST_SEED = 500
 SLICE_SIZE = 28
+SLOW_SEEDS = {506, 516, 520, 521, 523, 524, 525}  # see the module docstring
+COVER_SEEDS = (5, 27, 555)  # block kinds only the slow seeds drew
 # programs a campaign failed on, kept after their fix: a folded program's stale producer index
 # (269, 306: the memory model crashed) and a layout family whose pins leave an output no layout
 # (451: NoPlanError from the family's completion) or pins a group its problem pins otherwise (829:
 # KeyError releasing it), all found at f9f27ae
 REGRESSION_SEEDS = (269, 306, 451, 829)
-SEEDS = [*range(FIRST_SEED, FIRST_SEED + SLICE_SIZE), *REGRESSION_SEEDS]
+SEEDS = [*(s for s in range(FIRST_SEED, FIRST_SEED + SLICE_SIZE) if s not in SLOW_SEEDS), *COVER_SEEDS,
+         *REGRESSION_SEEDS]
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -212,7 +212,7 @@ def test_ragged_dot_splits_its_free_and_contracted_dimensions(mesh):
              jnp.array([10, 20, 30, 4], jnp.int32))
     # (gradients sum partial products that cancel: float32 ulps of their parts show at 1e-4; a
     # wrong rule is off by O(1))
-    assert check_equation_rules(step, *small, mesh=mesh, max_strategies=3, rtol=1e-2) == []  # all: 44 s
+    assert check_equation_rules(step, *small, mesh=mesh, max_strategies=2, rtol=1e-2) == []  # all: 44 s
     args = (rnd(4, 64, 256) * 0.05, rnd(4, 256, 64, seed=1) * 0.05, rnd(256, 64, seed=2),
             jnp.array([100, 50, 44, 62], jnp.int32))
     plan = shardsat.saturate_and_extract(step, mesh, *args)
@@ -238,7 +238,7 @@ def test_batched_linear_algebra_splits_its_batch(mesh):
         return c, w, jnp.abs(v), jnp.abs(jnp.linalg.qr(a)[1]), jnp.linalg.svd(a, compute_uv=False), x, lu, piv, perm
 
     args = (rnd(16, 8, 8), rnd(16, 8, 4, seed=1))
-    assert check_equation_rules(f, *args, mesh=mesh, max_strategies=3, rtol=1e-3) == []
+    assert check_equation_rules(f, *args, mesh=mesh, max_strategies=2, rtol=1e-3) == []
     plan = shardsat.saturate_and_extract(f, mesh, *args)
     assert plan.report.fallbacks == []
     chol = next(e for e in plan.program.equations if e.name == "cholesky")
@@ -282,7 +282,7 @@ def test_vmap_psum_and_a_users_reduce_are_split(mesh):
         return norm(x), best
 
     args = (rnd(16, 8), jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (16, 8)))
-    assert check_equation_rules(f, *args, mesh=mesh, rtol=1e-4, max_strategies=6) == []  # all: 17 s
+    assert check_equation_rules(f, *args, mesh=mesh, rtol=1e-4, max_strategies=3) == []  # all: 17 s
     plan = shardsat.saturate_and_extract(f, mesh, *args, strict=True)
     assert plan.report.fallbacks == []
     check_plan(plan, *args, rtol=1e-4)
