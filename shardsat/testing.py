@@ -108,7 +108,8 @@ def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any
             if n:
                 bad.append(f"  * {path}: {n} of {w.size} elements differ")
             continue
-        g64, w64 = g.astype(np.float64), w.astype(np.float64)
+        wide = np.complex128 if np.iscomplexobj(w) else np.float64  # a float cast drops imaginary parts
+        g64, w64 = g.astype(wide), w.astype(wide)
         same = (g64 == w64) | (np.isnan(g64) & np.isnan(w64))  # equal infinities and NaNs match
         if same.all():
             continue
@@ -453,7 +454,8 @@ def _check_rewrite(rw: Rewrite, sizes: tuple[int, ...], max_examples: int, rtol:
         except Exception as e:
             raise RuleCheckError(f"Rewrite `{rw.name}`: rhs fails for operand shapes {shapes}, where lhs works: "
                                  f"{type(e).__name__}: {_first_line(e)}") from e
-        g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        wide = np.complex128 if np.iscomplexobj(got) or np.iscomplexobj(want) else np.float64
+        g, w = np.asarray(got, wide), np.asarray(want, wide)
         if g.shape != w.shape:
             raise RuleCheckError(f"Rewrite `{rw.name}`: rhs gives shape {g.shape}, lhs {w.shape} for operand "
                                  f"shapes {shapes}.")

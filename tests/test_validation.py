@@ -354,6 +354,22 @@ def test_check_plan_tolerance_follows_the_output_dtype():
     assert "rtol must be" in error_of(check_plan, plan, p, x, rtol=-1)
 
 
+def test_check_plan_compares_complex_outputs_whole():
+    """check_plan cast complex outputs to float64, dropping their imaginary parts: a plan whose
+    result was the conjugate of the function's passed. Now the imaginary parts count, in
+    check_plan, in the rule checks (runtime/verify.py) and in check_rule's rewrite checks."""
+    from shardsat.runtime.verify import _relerr
+    from shardsat.testing import PlanMismatchError, check_plan
+
+    x = jax.random.normal(jax.random.key(0), (8, 16))
+    plan = shardsat.saturate_and_extract(jnp.fft.fft, mesh24(), x)
+    check_plan(plan, x)
+    with pytest.raises(PlanMismatchError, match="relative error"):
+        check_plan(plan, x, reference=lambda x: jnp.conj(jnp.fft.fft(x)))
+    z = np.array([1 + 2j, 3 - 1j], np.complex64)
+    assert _relerr(np.conj(z), z) > 0.5 and _relerr(z, z) == 0.0
+
+
 # -- user egglog rulesets --------------------------------------------------------------------------
 def _growing_ruleset(name: str, copies: int):
     """Every named value gets `copies` new Val.op twins in each of its At classes, every round:

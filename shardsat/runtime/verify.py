@@ -38,7 +38,10 @@ def split_partial(x: np.ndarray, lay: Layout, axes: MeshAxes, rng: np.random.Gen
 
 
 def _relerr(got: np.ndarray, want: np.ndarray) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    """Largest difference relative to the largest entry; complex values whole (a cast to float
+    would drop their imaginary parts, and a wrong one with them)."""
+    wide = np.complex128 if np.iscomplexobj(got) or np.iscomplexobj(want) else np.float64
+    got, want = np.asarray(got, wide), np.asarray(want, wide)
     if want.size == 0:
         return 0.0
     scale = float(np.max(np.abs(want))) or 1.0
