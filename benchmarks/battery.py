@@ -447,6 +447,14 @@ def _(mesh):
 def _(mesh):
     return (lambda a: (jnp.linalg.inv(a + 4 * jnp.eye(4)), jnp.linalg.det(a + 4 * jnp.eye(4)), jnp.linalg.slogdet(a + 4 * jnp.eye(4))[1])), (r(16, 4, 4),)
 
+@prog("eig_tridiagonal")
+def _(mesh):
+    def f(a, d, b):
+        w, v = jnp.linalg.eig(a)  # CPU only
+        dl, du = jnp.pad(d[:, 1:] * 0.1, ((0, 0), (1, 0))), jnp.pad(d[:, 1:] * 0.1, ((0, 0), (0, 1)))
+        return jnp.abs(w), jnp.abs(v), jax.lax.linalg.tridiagonal_solve(dl, 4 + d, du, b)
+    return f, (r(16, 5, 5), r(16, 8, seed=1), r(16, 8, 2, seed=2))
+
 @prog("pinv_norm2")
 def _(mesh):
     return (lambda a: (jnp.linalg.pinv(a), jnp.linalg.norm(a, ord=2, axis=(-2, -1)))), (r(8, 6, 4),)

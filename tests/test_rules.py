@@ -247,6 +247,29 @@ def test_batched_linear_algebra_splits_its_batch(mesh):
     check_collectives(plan, *args)
 
 
+def test_eig_and_tridiagonal_solve_split_their_batch(mesh):
+    """jnp.linalg.eig (CPU only) and lax.linalg.tridiagonal_solve on stacks were replicated by
+    fallback; like the other batched library calls, XLA splits their batch with no collective."""
+    from shardsat.testing import check_collectives
+
+    def f(a, dl, d, du, b):
+        w, v = jnp.linalg.eig(a)
+        return jnp.abs(w), jnp.abs(v), jax.lax.linalg.tridiagonal_solve(dl, d, du, b)
+
+    ones = np.ones((16, 7), np.float32)
+    zero = np.zeros((16, 1), np.float32)
+    args = (rnd(16, 6, 6), np.concatenate([zero, ones], 1), 5 + rnd(16, 8) * 0.1, np.concatenate([ones, zero], 1),
+            rnd(16, 8, 3, seed=1))
+    assert check_equation_rules(f, *args, mesh=mesh, rtol=1e-3) == []
+    plan = shardsat.saturate_and_extract(f, mesh, *args)
+    assert plan.report.fallbacks == []
+    for e in plan.program.equations:
+        if e.name in ("eig", "tridiagonal_solve"):
+            assert plan.layout_of(e.outputs[0]).spec(plan.axes)[0] is not None, e.name  # the batch is split
+    check_plan(plan, *args, rtol=1e-3)
+    check_collectives(plan, *args)
+
+
 def test_linear_solve_is_planned_through_its_solve_body(mesh):
     """`custom_linear_solve` (jnp.linalg.solve, scipy's cg) was replicated by fallback: its value
     is its solve body applied to the solve's constants and the right-hand side, which is now

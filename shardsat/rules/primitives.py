@@ -470,8 +470,8 @@ def top_k(t: EqnTypes) -> FactorSignature:
 
 # Linear algebra on stacks of matrices: the rank of operand 0's core (the trailing dimensions one
 # problem reads); every operand and result has the same leading batch dimensions before its core.
-LINALG_CORE = {"cholesky": 2, "eigh": 2, "qr": 2, "svd": 2, "lu": 2, "triangular_solve": 2,
-               "geqrf": 2, "householder_product": 2, "lu_pivots_to_permutation": 1}
+LINALG_CORE = {"cholesky": 2, "eigh": 2, "eig": 2, "qr": 2, "svd": 2, "lu": 2, "triangular_solve": 2,
+               "geqrf": 2, "householder_product": 2, "lu_pivots_to_permutation": 1, "tridiagonal_solve": 1}
 
 
 def batched_linalg(t: EqnTypes) -> FactorSignature:
