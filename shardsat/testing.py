@@ -16,6 +16,7 @@ from .egraph.program import bind
 from .egraph.rewrite import Rewrite
 from .errors import InvalidArgumentError, ShardsatError
 from .runtime.plan import Plan, on_explicit_mesh
+from .runtime.verify import widened
 
 
 class PlanMismatchError(ShardsatError, AssertionError):
@@ -108,8 +109,7 @@ def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any
             if n:
                 bad.append(f"  * {path}: {n} of {w.size} elements differ")
             continue
-        wide = np.complex128 if np.iscomplexobj(w) else np.float64  # a float cast drops imaginary parts
-        g64, w64 = g.astype(wide), w.astype(wide)
+        g64, w64 = widened(g, w)
         same = (g64 == w64) | (np.isnan(g64) & np.isnan(w64))  # equal infinities and NaNs match
         if same.all():
             continue
@@ -454,8 +454,7 @@ def _check_rewrite(rw: Rewrite, sizes: tuple[int, ...], max_examples: int, rtol:
         except Exception as e:
             raise RuleCheckError(f"Rewrite `{rw.name}`: rhs fails for operand shapes {shapes}, where lhs works: "
                                  f"{type(e).__name__}: {_first_line(e)}") from e
-        wide = np.complex128 if np.iscomplexobj(got) or np.iscomplexobj(want) else np.float64
-        g, w = np.asarray(got, wide), np.asarray(want, wide)
+        g, w = widened(got, want)
         if g.shape != w.shape:
             raise RuleCheckError(f"Rewrite `{rw.name}`: rhs gives shape {g.shape}, lhs {w.shape} for operand "
                                  f"shapes {shapes}.")

@@ -37,11 +37,16 @@ def split_partial(x: np.ndarray, lay: Layout, axes: MeshAxes, rng: np.random.Gen
     return parts
 
 
-def _relerr(got: np.ndarray, want: np.ndarray) -> float:
-    """Largest difference relative to the largest entry; complex values whole (a cast to float
-    would drop their imaginary parts, and a wrong one with them)."""
+def widened(got: Any, want: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Both as float64 to compare, or complex128 where either is complex: numpy's cast to float
+    drops imaginary parts, and a wrong one with them."""
     wide = np.complex128 if np.iscomplexobj(got) or np.iscomplexobj(want) else np.float64
-    got, want = np.asarray(got, wide), np.asarray(want, wide)
+    return np.asarray(got, wide), np.asarray(want, wide)
+
+
+def _relerr(got: np.ndarray, want: np.ndarray) -> float:
+    """Largest difference relative to the largest entry."""
+    got, want = widened(got, want)
     if want.size == 0:
         return 0.0
     scale = float(np.max(np.abs(want))) or 1.0
