@@ -117,42 +117,59 @@ def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: b
     return False
 
 
-def transposed_operands(eqn: Equation, ranks: tuple[int, ...]) -> list[int]:
-    """Operands of a dot XLA copies into another dimension order: a dot with several contracting
-    or free dimensions is rewritten to [batch, free, contracting] x [batch, contracting, free]
-    (DotDecomposer); an operand not already in that order is transposed into a new buffer. A
-    plain matrix product takes either orientation as it is. A convolution's operands are
-    transposed into the layout its kernel takes (see _conv_transposed)."""
-    if eqn.name == "conv_general_dilated" and len(ranks) == 2:
-        return _conv_transposed(eqn, ranks)
-    if eqn.name != "dot_general" or len(ranks) != 2:
-        return []
+def may_transpose(eqn: Equation) -> bool:
+    """Can XLA copy an operand of this equation into another dimension order (a dot or a
+    convolution of two operands)? The copies themselves depend on the shard shapes."""
+    return eqn.name in ("dot_general", "conv_general_dilated") and len(eqn.inputs) == 2
+
+
+def transposed_operands(eqn: Equation, shapes: tuple[tuple[int, ...], ...]) -> dict[int, tuple[int, ...]]:
+    """Operands of a dot XLA:CPU copies into another dimension order, given their shard shapes.
+    A dot that is not canonical (several contracting or free dimensions on an operand, batch
+    dimensions not leading) is rewritten to [batch, free, contracting] x [batch, contracting,
+    free] (DotDecomposer). An operand already in that order up to size-1 dimensions (a bitcast)
+    is not copied; one with a single free and a single contracting dimension behind leading
+    batch dimensions is read as it is (the transpose folds into the dot), unless a batch
+    dimension has one element: the dot then loses that dimension behind a reshape and the
+    transpose stays a copy (probed on XLA:CPU: an expert weight [1, d, f] split over experts is
+    copied as [f, d], the same weight [8, d, f] is not). A convolution's operands are
+    transposed into the layout its kernel takes (see _conv_transposed). Returns each copied
+    operand's new dimension order, less its size-1 dimensions: copies of one buffer in one order
+    are one copy (CSE; a weight's forward and backward dots share it)."""
+    if eqn.name == "conv_general_dilated" and len(shapes) == 2:
+        return _conv_transposed(eqn, tuple(len(s) for s in shapes))
+    if eqn.name != "dot_general" or len(shapes) != 2:
+        return {}
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    out = []
-    for pos, (contract, batch, rank) in enumerate(((lc, lb, ranks[0]), (rc, rb, ranks[1]))):
-        free = [d for d in range(rank) if d not in contract and d not in batch]
-        if len(contract) <= 1 and len(free) <= 1:
+    sides = ((lc, lb, shapes[0]), (rc, rb, shapes[1]))
+    if all(len(c) <= 1 and len(s) <= len(b) + 2 and [int(d) for d in b] == list(range(len(b)))
+           for c, b, s in sides):
+        return {}  # canonical: the dot takes its operands as they are
+    degenerate = any(shapes[0][int(d)] == 1 for d in lb)
+    out = {}
+    for pos, (contract, batch, shape) in enumerate(sides):
+        free = [d for d in range(len(shape)) if d not in contract and d not in batch]
+        order = [int(d) for d in ([*batch, *free, *contract] if pos == 0 else [*batch, *contract, *free])]
+        moved = [d for d in order if shape[d] != 1]
+        if moved == sorted(moved):
+            continue  # a bitcast
+        single = len(contract) <= 1 and len(free) <= 1 and [int(d) for d in batch] == list(range(len(batch)))
+        if single and not degenerate:
             continue
-        order = [*batch, *free, *contract] if pos == 0 else [*batch, *contract, *free]
-        if [int(d) for d in order] != list(range(rank)):
-            out.append(pos)
+        out[pos] = tuple(moved)
     return out
 
 
-def _conv_transposed(eqn: Equation, ranks: tuple[int, ...]) -> list[int]:
+def _conv_transposed(eqn: Equation, ranks: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
     """XLA:CPU convolves an input laid out (batch, spatial..., feature) with a kernel laid out
     (spatial..., in-feature, out-feature): an operand whose dimension numbers say otherwise
     (the weight gradient's convolution swaps batch and feature) is transposed into a copy."""
     dn = eqn.params.get("dimension_numbers")
     if dn is None or not hasattr(dn, "lhs_spec"):
-        return []
+        return {}
     lhs, rhs = tuple(int(d) for d in dn.lhs_spec), tuple(int(d) for d in dn.rhs_spec)
-    out = []
-    if (lhs[0], *lhs[2:], lhs[1]) != tuple(range(ranks[0])):
-        out.append(0)
-    if (*rhs[2:], rhs[1], rhs[0]) != tuple(range(ranks[1])):
-        out.append(1)
-    return out
+    orders = {0: (lhs[0], *lhs[2:], lhs[1]), 1: (*rhs[2:], rhs[1], rhs[0])}
+    return {pos: order for pos, order in orders.items() if order != tuple(range(ranks[pos]))}
 
 
 # platforms whose lowering of lax.ragged_dot is a grouped product (jax registers one for gpu

@@ -110,13 +110,9 @@ class Timeline:
         stored positions that read it (each computes it again). XLA writes a donated argument's
         new value into its buffer only where every reader of the old one provably runs first
         (copy insertion, on dependencies): these say which readers do."""
-        self.transposes: dict[int, list[int]] = {}  # dot position -> operands XLA transposes
-        for t, e in enumerate(self.seq):
-            ops = [a for a in e.inputs if isinstance(a, int)]
-            if len(ops) == len(e.inputs) == 2:
-                tr = fusion.transposed_operands(e, tuple(len(self.program.values[a].shape) for a in ops))
-                if tr:
-                    self.transposes[t] = tr
+        self.dots = frozenset(t for t, e in enumerate(self.seq)  # positions XLA may copy operands at
+                              if fusion.may_transpose(e) and all(isinstance(a, int) for a in e.inputs))
+        self._transposed: dict[tuple[int, tuple[int | None, ...]], dict[int, tuple[int, ...]]] = {}
         made_at: dict[Key, int] = {}
         for t, ks in enumerate(self.first):
             for k in ks:
@@ -321,6 +317,19 @@ class Timeline:
                     return [int(x) for x in info.strategies[int(self.graph.node_a[node])].ins]
         return []
 
+    def transposed(self, t: int, lids: tuple[int | None, ...]) -> dict[int, tuple[int, ...]]:
+        """The operands of the dot at `t` XLA copies into another order (and that order), read
+        in layouts `lids` (None: unsharded); they depend on the shard shapes
+        (fusion.transposed_operands). Shared: not to be changed."""
+        hit = self._transposed.get((t, lids))
+        if hit is None:
+            e, layouts, mesh = self.seq[t], self.spaces.layouts, self.spaces.mesh
+            shapes = tuple(self.program.values[a].shape if lid is None
+                           else layouts[lid].shard_shape(self.program.values[a].shape, mesh)
+                           for a, lid in zip(e.inputs, lids, strict=True))
+            hit = self._transposed[(t, lids)] = fusion.transposed_operands(e, shapes)
+        return hit
+
     def size(self, k: Key, lid: int) -> int:
         v = self.program.values[self.rep[k]]
         return self.spaces.shard_bytes(self.spaces.space(v.shape, v.dtype), lid)
@@ -422,10 +431,13 @@ class PlanLiveness:
         self.last: dict[Buf, int] = {}
         self.ev: dict[Key, tuple[int, int]] = {}  # a fused value: (first, last) time its readers run
         self.transient: list[tuple[int, int, int]] = []  # (start, end, bytes) of buffers no value names
+        self.copied: dict[int, dict[int, tuple[int, ...]]] = {}  # dot position -> operand -> the order XLA copies it in
+        self.copy_groups: dict[Buf, list[set[int]]] = {}  # per buffer: the dots reading each transposed copy of it
 
     def run(self) -> None:
         tl = self.tl
         reads = self._reads()
+        self.copied = self._copied(reads)
         self._stored(reads)
         for t in range(len(tl.seq) - 1, -1, -1):
             outs = [k for k in tl.first[t] if k in self.produced]
@@ -443,7 +455,7 @@ class PlanLiveness:
                 self.born[(k, self.produced[k])] = tl.birth_time(t)
                 if inplace:
                     self.inplace.add((k, self.produced[k]))
-            copied = tl.transposes.get(t, ())
+            copied = self.copied.get(t, ())
             for pos, (ka, lid, whole) in enumerate(reads[t]):
                 if lid is not None and lid != self.produced.get(ka):
                     self.view_readers.setdefault((ka, lid), set()).add(t)
@@ -494,6 +506,17 @@ class PlanLiveness:
                     if lid is None or lid == self.produced.get(k) or self._fused_slice(k, lid, whole):
                         self.direct.setdefault(k, set()).add(t)
             out.append(row)
+        return out
+
+    def _copied(self, reads: list[list[tuple[Key, int | None, bool]]]) -> dict[int, dict[int, tuple[int, ...]]]:
+        """Per dot position: the operands XLA copies into another order, in this plan's layouts."""
+        out: dict[int, dict[int, tuple[int, ...]]] = {}
+        for t in self.tl.dots:
+            if len(reads[t]) == 2:
+                tr = self.tl.transposed(t, tuple(lid if lid is not None else self.produced.get(k)
+                                                 for k, lid, _ in reads[t]))
+                if tr:
+                    out[t] = tr
         return out
 
     def _combine(self) -> None:
@@ -592,7 +615,7 @@ class PlanLiveness:
         """What a dot's transposed copy of an elementwise operand reads, and when: XLA fuses the
         operand's computation into the copy, which reads the operand's own operands again."""
         tl, out = self.tl, []
-        for pos in tl.transposes.get(t, []):
+        for pos in self.copied.get(t, ()):
             if pos >= len(reads[t]):
                 continue
             k, lid, _ = reads[t][pos]
@@ -611,18 +634,26 @@ class PlanLiveness:
 
     def _transposes(self, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
         """A dot operand XLA transposes is copied as soon as it exists (breadth-first) and read
-        by the dot; one whose only reader is the dot is written transposed (no copy)."""
+        by the dot; one whose only reader is the dot is written transposed (no copy). Copies of
+        one buffer in one order are one buffer, read by the last of their dots (CSE)."""
         tl = self.tl
-        for t, ops in tl.transposes.items():
-            if not any(k in self.produced for k in tl.first[t]) or len(reads[t]) != 2:
+        spans: dict[tuple[Buf, tuple[int, ...]], tuple[int, int, int]] = {}
+        groups: dict[tuple[Buf, tuple[int, ...]], set[int]] = {}
+        for t, ops in self.copied.items():
+            if not any(k in self.produced for k in tl.first[t]):
                 continue
-            for pos in ops:
+            for pos, order in ops.items():
                 k, lid, _ = reads[t][pos]
                 b = (k, lid if lid is not None else self.produced.get(k, -1))
                 if b[1] < 0 or self._written_transposed(k, lid):
                     continue
-                start = self.born.get(b, -1) + 1
-                self.transient.append((min(start, t), t, tl.size(*b)))
+                start = min(self.born.get(b, -1) + 1, t)
+                lo, hi, _ = spans.get((b, order), (start, t, 0))
+                spans[(b, order)] = (min(lo, start), max(hi, t), tl.size(*b))
+                groups.setdefault((b, order), set()).add(t)
+        self.transient += spans.values()
+        for (b, _), g in groups.items():
+            self.copy_groups.setdefault(b, []).append(g)
 
     def _init_reads(self) -> None:
         """A loop reads its initial carry when it starts, in the carry's layout."""

@@ -160,16 +160,29 @@ class MemoryModel:
         b = (ka, ch[grp].layout)
         last = live.last.get(b, 0)
         made = tl.made_at.get(out[0])
-        readers = live.direct.get(ka, set())
-        if made is None or tl.runs_before(readers, made, combined):
+        late = [] if made is None else self._late_readers(live, b, made, combined)
+        if not late:
             alloc.busy.append((0, last, False))
             return []
         if out not in live.inplace:  # the new value is a view (gathered after an update on shards)
             alloc.busy.append((0, 0, False))
             return [Temp(tl.size(*b), 0, last, tag=b)]
-        late = [r2 for r in readers if not tl.runs_before({r}, made, combined) for r2 in tl.mreaders.get(r, (r,))]
+        late = [r2 for r in late for r2 in tl.mreaders.get(r, (r,))]
         alloc.busy.append((0, made, False))
         return [Temp(tl.size(*b), 0, min(last, max(late, default=last)), tag=b)]
+
+    def _late_readers(self, live: PlanLiveness, b: Buf, made: int, combined: tuple[tuple[int, int], ...]) -> list[int]:
+        """The readers of a donated argument's buffer not provably before its new value's
+        producer `made`. Dots reading one transposed copy of it read the copy, which is made
+        before every one of them: the copy is early enough where any of them is."""
+        tl = self.timeline
+        groups = live.copy_groups.get(b, [])
+        via_copy = set().union(*groups)
+        late = [r for r in live.direct.get(b[0], set()) - via_copy if not tl.runs_before({r}, made, combined)]
+        for g in groups:
+            if not any(tl.runs_before({r}, made, combined) for r in g):
+                late += sorted(g)
+        return late
 
     def gradients(self, ex: Extraction) -> int:
         """Reduced gradients: contraction-derived values with a weight's shape that feed no
