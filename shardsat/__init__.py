@@ -11,6 +11,7 @@ from . import threads as _threads  # noqa: F401
 from .api import saturate_and_extract
 from .egraph.rewrite import Rewrite
 from .errors import (
+    ConstraintWarning,
     FallbackWarning,
     InvalidArgumentError,
     InvalidMeshError,
@@ -31,6 +32,7 @@ from .saved import load_plan
 __all__ = [
     "PRESETS",
     "Collective",
+    "ConstraintWarning",
     "DeviceProfile",
     "FallbackWarning",
     "InvalidArgumentError",

@@ -25,6 +25,7 @@ from .egraph.program import Literal, Program
 from .egraph.rewrite import Rewrite
 from .egraph.run import EGraphRun, SaturationReport
 from .errors import (
+    ConstraintWarning,
     FallbackWarning,
     InvalidArgumentError,
     InvalidMeshError,
@@ -229,6 +230,10 @@ def _plan_cached(req: _Request, cache_dir: str | os.PathLike[str] | None) -> Pla
     shown = Progress(req.progress)
     prepared = prepare(req.fn, req.mesh, req.example_args, req.rules, req.fold_loops,
                        on_traced=lambda n: shown.update("traced", f"{n} equations"))
+    if prepared.unkept:
+        warnings.warn(f"shardsat drops {len(prepared.unkept)} sharding constraint(s) of `{prepared.program.name}` "
+                      "that no plan on this mesh can keep:\n  " + "\n  ".join(prepared.unkept)
+                      + "\nConsider constraining with a PartitionSpec of this mesh's axes.", ConstraintWarning, stacklevel=5)
     if cache_dir is None:
         return _plan(req, prepared, start, shown)
     key = req.cache_key(prepared)
@@ -332,6 +337,7 @@ def _report(prepared: Prepared, sat: SaturationReport, graph: ExportedGraph, tab
         exact_status=extraction.exact_status or skipped,
         equations=len(prepared.program.equations),
         fallbacks=[str(f) for f in tables.fallbacks],
+        unkept=list(prepared.unkept),
         narrowed=sat.narrowed,
     )
 

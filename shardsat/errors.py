@@ -56,5 +56,10 @@ class MemoryLimitWarning(UserWarning):
     """No plan found fits the device's memory (the default memory_limit); the smallest is returned."""
 
 
+class ConstraintWarning(UserWarning):
+    """A with_sharding_constraint in the function names devices the plan does not run on (a
+    mesh over other devices): no plan can keep it, so it is dropped and the value placed freely."""
+
+
 class FallbackWarning(UserWarning):
     """Equations no sharding rule applies to were kept replicated (the plan lists them)."""

@@ -15,6 +15,7 @@ from typing import Any
 from egglog import Ruleset
 from jax.sharding import Mesh
 
+from .egraph.constraints import adopt_constraints
 from .egraph.fingerprint import Fingerprint, fingerprint
 from .egraph.fold import fold
 from .egraph.layout import auto_mesh
@@ -44,6 +45,7 @@ class Prepared:
     folded: bool
     rewrites: tuple[str, ...]  # names of the shardsat.Rewrite rules applied
     trace_s: float
+    unkept: tuple[str, ...] = ()  # the user's sharding constraints no plan can keep (egraph/constraints.py)
 
 
 def prepare(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], rules: Sequence[Ruleset | Rewrite],
@@ -51,6 +53,7 @@ def prepare(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], r
     """Trace, fingerprint, rewrite and (fold_loops True, or None and a deep program) fold."""
     start = time.perf_counter()
     traced = trace(fn, example_args, auto_mesh(mesh))
+    unkept = adopt_constraints(traced, auto_mesh(mesh))
     fp = fingerprint(traced)
     rewrites = [r for r in rules if isinstance(r, Rewrite)]
     program = apply_rewrites(traced, rewrites)
@@ -59,4 +62,5 @@ def prepare(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], r
         program = fold(program)
     if on_traced is not None:
         on_traced(len(program.equations))
-    return Prepared(program, traced, fp, folded, tuple(r.name for r in rewrites), time.perf_counter() - start)
+    return Prepared(program, traced, fp, folded, tuple(r.name for r in rewrites), time.perf_counter() - start,
+                    tuple(unkept))

@@ -479,6 +479,7 @@ def standard_layouts(fn: Any, mesh: Any, *args: Any, state_argnums: Any = None) 
             pinned = shardsat.saturate_and_extract(fn, mesh, *args, in_shardings=pins)
             assert free.cost.total_s <= pinned.cost.total_s * (1 + 1e-6), name
     """
+    from .egraph.constraints import adopt_constraints
     from .egraph.layout import MeshAxes, SpaceTable, auto_mesh
     from .egraph.program import trace
     from .extract.families import family_layouts
@@ -486,6 +487,7 @@ def standard_layouts(fn: Any, mesh: Any, *args: Any, state_argnums: Any = None) 
     from .rules.apply import build_tables
 
     program = trace(fn, args, auto_mesh(mesh))
+    adopt_constraints(program, auto_mesh(mesh))  # as planning does (the plan warns of what it drops)
     spaces = SpaceTable(MeshAxes.from_mesh(mesh))
     ties = resolve_ties(program, state_argnums, program.name)
     out = {}

@@ -382,3 +382,52 @@ def test_approx_max_k_random_gamma_composite_and_platform_dependent_need_no_fall
     plan = strict_plan(f, mesh, *args)
     assert plan.report.fallbacks == []
     check_plan(plan, *args)
+
+
+def _constrained(sharding):
+    def f(x):
+        return jax.lax.with_sharding_constraint(jnp.sin(x) * 2, sharding) + 1
+    return f
+
+
+def test_constraint_on_other_devices_is_dropped_and_said(mesh):
+    """A with_sharding_constraint over a mesh of 4 of the 8 devices: jax.jit runs the function
+    (on those devices); no plan on the 8 can keep it, so the plan drops it, warns and says so
+    (it used to refuse the function: "mesh has no axis 'y'")."""
+    from jax.sharding import Mesh, NamedSharding
+    f = _constrained(NamedSharding(Mesh(np.array(jax.devices()[:4]), ("y",)), P("y")))
+    x = jnp.arange(64.0).reshape(8, 8)
+    jax.jit(f)(x)
+    with pytest.warns(shardsat.ConstraintWarning, match="test_robustness.py"):
+        plan = shardsat.saturate_and_extract(f, mesh, x)
+    assert len(plan.report.unkept) == 1 and "devices [0, 1, 2, 3]" in plan.report.unkept[0]
+    assert "Sharding constraints not kept" in plan.explain()
+    assert_equivalent(plan, f, x)
+
+
+def test_constraint_on_the_same_devices_otherwise_named_is_kept(mesh):
+    """The plan's 8 devices as one axis "y": P("y") puts the shards where P(("data", "model"))
+    does, so the plan keeps it as that layout, without a warning."""
+    from jax.sharding import Mesh, NamedSharding
+    ids = np.vectorize(lambda d: d.id)(mesh.devices).ravel()
+    f = _constrained(NamedSharding(Mesh(np.array([jax.devices()[i] for i in ids]), ("y",)), P("y")))
+    x = jnp.arange(64.0).reshape(8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", shardsat.ConstraintWarning)
+        plan = shardsat.saturate_and_extract(f, mesh, x)
+    assert plan.report.unkept == []
+    sin = next(e for e in plan.program.equations if e.name == "sharding_constraint")
+    assert plan.layout_of(sin.outputs[0]).spec(plan.axes) == P(("data", "model"))
+    assert_equivalent(plan, f, x)
+
+
+def test_constraint_on_the_same_devices_in_no_layout_of_the_mesh_is_dropped(mesh):
+    """The plan's devices in reverse order, split over "data": no layout of the plan's mesh puts
+    the first rows on the last devices, so the constraint is dropped and said."""
+    from jax.sharding import Mesh, NamedSharding
+    f = _constrained(NamedSharding(Mesh(np.array(jax.devices()[::-1]).reshape(2, 4), ("data", "model")), P("data")))
+    x = jnp.arange(64.0).reshape(8, 8)
+    with pytest.warns(shardsat.ConstraintWarning):
+        plan = shardsat.saturate_and_extract(f, mesh, x)
+    assert plan.report.unkept
+    assert_equivalent(plan, f, x)

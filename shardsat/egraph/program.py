@@ -281,6 +281,8 @@ def bind(primitive: Any, operands: Sequence[Any], params: dict[str, Any]) -> Any
     own evaluator splits them the same way."""
     if primitive.name != "sharding_constraint":  # a user's pin: the plan keeps it (rules/registry.py)
         params = _typed_shardings_dropped(params)
+    elif params.get("sharding") is None:  # one no plan can keep (egraph/constraints.py)
+        return operands[0]
     bind_params = primitive.get_bind_params(params)
     subfuns: Sequence[Any] = ()
     if isinstance(bind_params, tuple):  # jax versions that return the bodies beside the params

@@ -106,6 +106,9 @@ def explain(plan: Plan) -> str:
     if plan.report.fallbacks:
         lines += ["", "Replicated by fallback (no sharding rule)"]
         lines += [f"  {f}" for f in plan.report.fallbacks]
+    if plan.report.unkept:
+        lines += ["", "Sharding constraints not kept (they name devices the plan does not run on)"]
+        lines += [f"  {u}" for u in plan.report.unkept]
     lines += ["", "Search", f"  {plan.report}"]
     return "\n".join(lines)
 

@@ -182,6 +182,7 @@ def plan_to_dict(plan: Plan, **meta: Any) -> dict[str, Any]:
             "gap": rep.gap,
             "lower_bound_s": rep.lower_bound_s,
             "fallbacks": list(rep.fallbacks),
+            "unkept_constraints": list(rep.unkept),
             "times": {
                 "trace_s": rep.trace_s,
                 "rules_s": rep.rules_s,

@@ -1,0 +1,91 @@
+"""A user's `with_sharding_constraint` naming a mesh other than the plan's.
+
+jax.jit runs such a function: on the constraint's own devices, or, where they are the plan's
+devices in another arrangement (other axis names or shape), as a pin of the devices each shard
+is on. Where a layout of the plan's mesh puts the same shards on the same devices, the plan
+keeps the constraint as that layout. Otherwise (other devices, or an arrangement no layout
+matches) no plan can keep it: it is dropped (the value is placed freely; values are the same,
+a constraint only places them) and the plan says so (ConstraintWarning, report, explain()).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from .program import Program
+
+CONSTRAINT = "sharding_constraint"
+# the most layouts compared against a foreign constraint before it counts as having none
+MAX_CANDIDATES = 20_000
+
+
+def adopt_constraints(prog: Program, mesh: Mesh) -> list[str]:
+    """Rewrite, in place, each constraint on another mesh as the equivalent one on `mesh` (the
+    plan's runtime mesh, Auto axes), or drop it (its sharding param set to None). Returns one
+    line per dropped constraint, saying where it is and why."""
+    dropped = []
+    for eqn in prog.equations:
+        sharding = eqn.params.get("sharding") if eqn.name == CONSTRAINT else None
+        if not isinstance(sharding, NamedSharding) or _same_mesh(sharding.mesh, mesh):
+            continue
+        shape = prog.values[eqn.outputs[0]].shape
+        spec = _equivalent_spec(sharding, shape, mesh)
+        if spec is not None:
+            eqn.params = {**eqn.params, "sharding": NamedSharding(mesh, spec)}
+            continue
+        eqn.params = {**eqn.params, "sharding": None}
+        dropped.append(f"with_sharding_constraint at {eqn.source}: {_describe(sharding)}: no layout of shape "
+                       f"{tuple(shape)} on the plan's mesh puts the same shards on the same devices; not kept, "
+                       "the value is placed freely")
+    return dropped
+
+
+def _same_mesh(a: Any, b: Mesh) -> bool:
+    if not isinstance(a, Mesh):
+        return True  # an abstract mesh: the context mesh's axes, which the plan resolves by name
+    return tuple(a.axis_names) == tuple(b.axis_names) and np.array_equal(_ids(a), _ids(b))
+
+
+def _ids(mesh: Mesh) -> np.ndarray:
+    return np.vectorize(lambda d: d.id, otypes=[int])(mesh.devices)
+
+
+def _equivalent_spec(sharding: NamedSharding, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec | None:
+    if sorted(_ids(sharding.mesh).ravel()) != sorted(_ids(mesh).ravel()):
+        return None
+    for spec in itertools.islice(_specs(shape, mesh), MAX_CANDIDATES):
+        if sharding.is_equivalent_to(NamedSharding(mesh, spec), len(shape)):
+            return spec
+    return None
+
+
+def _specs(shape: tuple[int, ...], mesh: Mesh) -> Iterator[PartitionSpec]:
+    """Every spec of `mesh` over `shape` whose axes divide their dimensions, fewest axes first."""
+    names = [n for n, k in mesh.shape.items() if k > 1]
+    seen: set[PartitionSpec] = set()
+    for used in range(len(names) + 1):
+        for axes in itertools.permutations(names, used):
+            for dims in itertools.product(range(len(shape)), repeat=used):
+                per: list[list[str]] = [[] for _ in shape]
+                for a, d in zip(axes, dims, strict=True):
+                    per[d].append(a)
+                if any(shape[d] % int(np.prod([mesh.shape[a] for a in per[d]], dtype=int)) for d in range(len(shape))):
+                    continue
+                spec = PartitionSpec(*[tuple(p) if len(p) > 1 else (p[0] if p else None) for p in per])
+                if spec not in seen:
+                    seen.add(spec)
+                    yield spec
+
+
+def _describe(sharding: NamedSharding) -> str:
+    axes = ", ".join(f"{n}={k}" for n, k in sharding.mesh.shape.items())
+    ids = _ids(sharding.mesh).ravel().tolist()
+    return f"its mesh ({axes}) on devices {ids}, spec {sharding.spec}"
+
+
+__all__ = ["adopt_constraints"]
