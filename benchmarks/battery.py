@@ -455,6 +455,14 @@ def _(mesh):
         return jnp.abs(w), jnp.abs(v), jax.lax.linalg.tridiagonal_solve(dl, 4 + d, du, b)
     return f, (r(16, 5, 5), r(16, 8, seed=1), r(16, 8, 2, seed=2))
 
+@prog("constraint_other_mesh")
+def _(mesh):
+    """with_sharding_constraint over a mesh of half the devices: jax.jit runs the function there;
+    no plan on the whole mesh can keep it, so it is dropped with a ConstraintWarning."""
+    from jax.sharding import Mesh, NamedSharding
+    half = NamedSharding(Mesh(np.array(jax.devices()[:4]), ("h",)), P(None, "h"))
+    return (lambda w, x: lax.with_sharding_constraint(jnp.tanh(x @ w), half) @ w.T), (r(16, 32), r(64, 16, seed=1))
+
 @prog("pinv_norm2")
 def _(mesh):
     return (lambda a: (jnp.linalg.pinv(a), jnp.linalg.norm(a, ord=2, axis=(-2, -1)))), (r(8, 6, 4),)
