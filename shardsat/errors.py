@@ -57,8 +57,9 @@ class MemoryLimitWarning(UserWarning):
 
 
 class ConstraintWarning(UserWarning):
-    """A with_sharding_constraint in the function names devices the plan does not run on (a
-    mesh over other devices): no plan can keep it, so it is dropped and the value placed freely."""
+    """A with_sharding_constraint in the function places a value as no layout of the plan's mesh
+    does (a mesh over other devices, or the same devices in an order no layout matches): no plan
+    can keep it, so it is dropped and the value placed freely (the plan lists it)."""
 
 
 class FallbackWarning(UserWarning):

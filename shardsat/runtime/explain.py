@@ -107,7 +107,7 @@ def explain(plan: Plan) -> str:
         lines += ["", "Replicated by fallback (no sharding rule)"]
         lines += [f"  {f}" for f in plan.report.fallbacks]
     if plan.report.unkept:
-        lines += ["", "Sharding constraints not kept (they name devices the plan does not run on)"]
+        lines += ["", "Sharding constraints not kept (no layout of the plan's mesh places the value so)"]
         lines += [f"  {u}" for u in plan.report.unkept]
     lines += ["", "Search", f"  {plan.report}"]
     return "\n".join(lines)
