@@ -10,18 +10,15 @@ a constraint only places them) and the plan says so (ConstraintWarning, report, 
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from .layout import MeshAxes, enumerate_layouts
 from .program import Program
 
 CONSTRAINT = "sharding_constraint"
-# the most layouts compared against a foreign constraint before it counts as having none
-MAX_CANDIDATES = 20_000
 
 
 def adopt_constraints(prog: Program, mesh: Mesh) -> list[str]:
@@ -56,30 +53,16 @@ def _ids(mesh: Mesh) -> np.ndarray:
 
 
 def _equivalent_spec(sharding: NamedSharding, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec | None:
+    """The spec of the first layout the plan's value can take (egraph/layout.py, fewest axes
+    first) that puts the same shards on the same devices as `sharding`."""
     if sorted(_ids(sharding.mesh).ravel()) != sorted(_ids(mesh).ravel()):
         return None
-    for spec in itertools.islice(_specs(shape, mesh), MAX_CANDIDATES):
-        if sharding.is_equivalent_to(NamedSharding(mesh, spec), len(shape)):
+    axes = MeshAxes.from_mesh(mesh)
+    for lay in enumerate_layouts(shape, np.float32, axes):
+        spec = lay.spec(axes)
+        if not lay.partial and sharding.is_equivalent_to(NamedSharding(mesh, spec), len(shape)):
             return spec
     return None
-
-
-def _specs(shape: tuple[int, ...], mesh: Mesh) -> Iterator[PartitionSpec]:
-    """Every spec of `mesh` over `shape` whose axes divide their dimensions, fewest axes first."""
-    names = [n for n, k in mesh.shape.items() if k > 1]
-    seen: set[PartitionSpec] = set()
-    for used in range(len(names) + 1):
-        for axes in itertools.permutations(names, used):
-            for dims in itertools.product(range(len(shape)), repeat=used):
-                per: list[list[str]] = [[] for _ in shape]
-                for a, d in zip(axes, dims, strict=True):
-                    per[d].append(a)
-                if any(shape[d] % int(np.prod([mesh.shape[a] for a in per[d]], dtype=int)) for d in range(len(shape))):
-                    continue
-                spec = PartitionSpec(*[tuple(p) if len(p) > 1 else (p[0] if p else None) for p in per])
-                if spec not in seen:
-                    seen.add(spec)
-                    yield spec
 
 
 def _describe(sharding: NamedSharding) -> str:
