@@ -682,8 +682,7 @@ class PlanLiveness:
 
         views = sorted((b for b in self.born if b in self.step_to), key=depth)
         for b in views:  # shallowest first: a source's (earlier) birth is known
-            src = (b[0], self.step_to[b].src)  # type: ignore[attr-defined]
-            self.born[b] = min(self.born[b], self.born.get(src, -1) + 1)
+            self.born[b] = min(self.born[b], self._source_birth(b) + 1)
         for b in reversed(views):
             s = self.step_to[b]
             t = self.born[b]
@@ -694,6 +693,18 @@ class PlanLiveness:
                 # the raw gathered buffer now, the transposed copy (the view) a step later
                 self.transient.append((t, t, self.tl.size(*b)))
                 self.born[b] = min(t + 1, max(self.last.get(b, t), t))
+
+    def _source_birth(self, b: Buf) -> int:
+        """When the source of view `b` exists: a buffer's birth, an argument's -1 (before the
+        start). A step no reader reads (the middle of a chain, say the reduce-scatter before an
+        all-gather) runs with the rest of its chain, right after the chain's nearest buffer, not
+        at the start of the program."""
+        src = (b[0], self.step_to[b].src)  # type: ignore[attr-defined]
+        for _ in range(64):
+            if src in self.born or src not in self.step_to:
+                break
+            src = (src[0], self.step_to[src].src)  # type: ignore[attr-defined]
+        return self.born.get(src, -1)
 
     def _dense_expansions(self) -> None:
         """A ragged dot's operands expanded per group (fusion.dense_ragged_operands): each a
