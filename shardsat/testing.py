@@ -469,8 +469,9 @@ def _check_rewrite(rw: Rewrite, sizes: tuple[int, ...], max_examples: int, rtol:
 
 def standard_layouts(fn: Any, mesh: Any, *args: Any, state_argnums: Any = None) -> dict[str, tuple[Any, ...]]:
     """The standard layout families (data parallel, ZeRO-1, FSDP over every set of mesh axes,
-    tensor parallel per axis with data parallel or FSDP over the rest, replicated) of this
-    program on this mesh, each as an `in_shardings` tuple for saturate_and_extract. The search
+    tensor parallel per axis with data parallel or FSDP over the rest, tensor parallel over the
+    whole mesh, replicated) of this program on this mesh, each as an `in_shardings` tuple for
+    saturate_and_extract (None where the family leaves an argument free). The search
     starts from them (every one on small programs, as many as its budget allows on big ones:
     extract/search.py), so the free plan should be no costlier than any of them pinned:
 
@@ -493,6 +494,6 @@ def standard_layouts(fn: Any, mesh: Any, *args: Any, state_argnums: Any = None) 
     out = {}
     tables = build_tables(program, spaces, "replicate", edges=False)
     for name, layouts in family_layouts(program, spaces, ties, tables):
-        specs = [layouts[pos].spec(spaces.mesh) for pos in range(len(program.args))]
+        specs = [layouts[pos].spec(spaces.mesh) if pos in layouts else None for pos in range(len(program.args))]
         out[name] = tuple(jax.tree_util.tree_unflatten(program.in_tree, specs))
     return out

@@ -15,6 +15,7 @@ order of promise):
   (extract/megatron.py, from the program's factors: the heads of attention projections, the
   hidden width of an MLP pair, the vocabulary; without the rule tables, the largest dimension);
 * fsdp(R)+tp(a): tp(a)+dp(R), each weight's largest other dimension over R as well;
+* tp(M): every weight's Megatron dimension over the whole mesh M, the batch free;
 * replicated: every argument whole, intermediates free.
 
 S ranges over every non-empty set of mesh axes (more than one device each), `a` over each axis.
@@ -51,6 +52,11 @@ class Family:
     @property
     def tensor_parallel(self) -> bool:
         return self.tensor_axis is not None
+
+    @property
+    def whole_mesh(self) -> bool:
+        """tp(M): tensor parallelism over the whole mesh, nothing else."""
+        return self.name.startswith("tp(") and "+" not in self.name
 
 
 _TP = re.compile(r"(?:^|\+)tp\(([^)]*)\)")
@@ -187,6 +193,9 @@ def family_layouts(program: Program, spaces: SpaceTable, ties: list[tuple[int, i
                             | {a: b.largest(a, axes) for a in r.state}))
             out.append((f"fsdp({label})", batch | {a: b.largest(a, axes) for a in r.weights + r.state}))
     if len(active) >= 2:
+        # tensor parallelism over the whole mesh, the batch free (a small model's best layout
+        # on 8 devices is the same on 2x4, and no single-axis family reaches it)
+        out.append((f"tp({spaces.mesh.label(active)})", {a: b.tensor(a, active) for a in r.weights + r.state}))
         for tp in active:
             rest = tuple(a for a in active if a != tp)
             batch = {a: b.batch(a, rest) for a in r.batch}
@@ -256,6 +265,8 @@ def _prior(name: str, axes: int, axis_order: dict[str, int]) -> tuple[int, int]:
     widest = name.count(",") == axes - 1 and "+" not in name  # over every axis
     if name == "replicated":
         return (0, 0)
+    if name.startswith("tp("):
+        return (6, 0)
     if name.startswith("zero1") and widest:
         return (1, 0)
     fsdp_tp = "+tp(" in name and name.startswith("fsdp")

@@ -28,6 +28,11 @@ SEED_CHAIN_NODES = 150_000
 # families instead of 1 (pressure completions take ~0.27 searches)
 FAMILY_SHARE = 0.6
 FAMILY_ALL_NODES = 5_000
+# ... and beyond that, up to this many e-nodes, tensor parallelism over the whole mesh in full as
+# well as the replicated family: pressure ranks it last (it prices bytes, and the family needs
+# chain moves), yet it is a small model's best layout on any mesh (a 1-layer MLP step on 2x2x2:
+# 0.64 us from every other start, 0.40 from it; a completion there takes ~0.1 s)
+FAMILY_WHOLE_TP_NODES = 100_000
 FAMILY_RELEASED = 1
 # the split bound (extract/splitbound.py) costs ~0.4 s per round on a 2x2x2 GPT step's 1.2M e-nodes
 # (107k productions), three rounds with loop-carried state: beyond this, the per-value one alone
@@ -65,6 +70,7 @@ class SearchPolicy:
     families: bool  # the standard layout families are completed and released
     family_share: float | None  # their budget: a share of the search's work; None: every family in full
     family_released: int  # ... and the cheapest this many of them polished with chain moves
+    whole_tp_in_full: bool  # ... and tensor parallelism over the whole mesh completed in full
     bound: bool  # the plan's lower bound and gap are computed
     split_bound: bool  # ... with the split bound too, else the per-value bound alone
 
@@ -84,6 +90,7 @@ class SearchPolicy:
             families=True,
             family_share=None if nodes <= FAMILY_ALL_NODES else FAMILY_SHARE,
             family_released=FAMILY_RELEASED,
+            whole_tp_in_full=nodes <= FAMILY_WHOLE_TP_NODES,
             bound=True,
             split_bound=nodes <= SPLIT_BOUND_NODES,
         )
