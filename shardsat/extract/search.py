@@ -176,24 +176,24 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
     settle in a worse basin (a GPT step on 2x4: 2,746 us free, 1,994 us pinned replicated); from
     a family's completion it reaches plans no free start does (a 2x2x2 MLP step 232 -> 214 us
     from FSDP + TP). Small e-graphs complete and release every family in full (`budget` is
-    infinite); bigger ones the replicated family in full (and, where the policy says, tensor
-    parallelism over the whole mesh, which pressure ranks last), and every family by the cheaper
+    infinite); bigger ones the replicated family in full, and every family by the cheaper
     completions of _pressed_families within `budget` moves (Extractor.work: a count, so that the
     plan does not depend on the machine's speed), the policy's cheapest few of them then polished
     with chain moves; where data parallelism cannot use every device, the cheapest
-    tensor-parallel family by pressure is also completed in full (_tensor_parallel)."""
+    tensor-parallel family by pressure is also completed in full (_tensor_parallel), and where the
+    policy says, tensor parallelism over the whole mesh (pressure ranks it last)."""
     families, origin = p.families, None
     # replicated in full, released whatever its pinned cost: replicated pins cost most and
     # released do best (conv nets, the 4x2 Soft-MoE step); pressure alone would shard what a
     # small program keeps whole
     every = budget == float("inf")
-    full = families if every else families[:1] + [f for f in families[1:] if f.whole_mesh and policy.whole_tp_in_full]
+    full = families if every else families[:1]
     for fam in full:
         if time.perf_counter() >= deadline:
             break
         best, origin = _release(p, ex, best, origin, fam, _pinned(p, ex, node_cost, fam, policy, deadline), deadline)
     if not every:
-        done = _pressed_families(p, ex, node_cost, best, families, deadline, budget, uncharged=1)
+        done = _pressed_families(p, ex, node_cost, best, families, deadline, budget, uncharged=len(full))
         ranked = sorted(done, key=lambda d: d[1].total_s)
         for fam, freed in ranked[:policy.family_released]:
             if time.perf_counter() >= deadline:
@@ -203,6 +203,11 @@ def _family_starts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extra
         if tensor is not None and time.perf_counter() < deadline:
             pinned = _pinned(p, ex, node_cost, tensor, policy, deadline)
             best, origin = _release(p, ex, best, origin, tensor, pinned, deadline)
+        # last, so that it changes no start of the above (they price by the best plan so far)
+        for fam in [f for f in families if f.whole_mesh and policy.whole_tp_in_full and f is not tensor]:
+            if time.perf_counter() < deadline:
+                best, origin = _release(p, ex, best, origin, fam, _pinned(p, ex, node_cost, fam, policy, deadline),
+                                        deadline)
     if origin is not None:
         best.notes.append(f"started from the {origin} layout family")
         best.gap = best.exact_status = None  # they were of another plan
