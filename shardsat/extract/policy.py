@@ -30,9 +30,10 @@ FAMILY_SHARE = 0.6
 FAMILY_ALL_NODES = 5_000
 # ... and beyond that, up to this many e-nodes, tensor parallelism over the whole mesh in full as
 # well as the replicated family: pressure ranks it last (it prices bytes, and the family needs
-# chain moves), yet it is a small model's best layout on any mesh (a 1-layer MLP step on 2x2x2:
-# 0.64 us from every other start, 0.40 from it; a completion there takes ~0.1 s)
-FAMILY_WHOLE_TP_NODES = 100_000
+# chain moves), yet it is a small model's best layout on any mesh (a 1-layer MLP step on 2x2x2,
+# 14.6k e-nodes: 0.64 us from every other start, 0.40 from it). A completion costs 0.2-0.6 s
+# here and won nothing on the experts benchmark (MLP4 train on 2x4, 9.3k e-nodes: 0.74 -> 1.38 s)
+FAMILY_WHOLE_TP_NODES = 30_000
 FAMILY_RELEASED = 1
 # the split bound (extract/splitbound.py) costs ~0.4 s per round on a 2x2x2 GPT step's 1.2M e-nodes
 # (107k productions), three rounds with loop-carried state: beyond this, the per-value one alone
