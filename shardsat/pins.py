@@ -26,19 +26,25 @@ def _flat_pins(pins: Any, tree: Any, label: str) -> list[Any]:
     """Broadcast a pytree prefix of pins to the flat leaves of `tree`."""
     if pins is None:
         return [None] * tree.num_leaves
+    flat: list[Any] = []
+
+    def expand(p: Any, sub: Any) -> None:
+        # one pin per leaf under it: none for a None argument or output, which has no leaves
+        # (mapping the pin over it and flattening with None as a leaf counted one, and every
+        # later pin landed on the value after its own)
+        flat.extend([None if p is UNCONSTRAINED else p] * len(jax.tree_util.tree_leaves(sub)))
+
     try:
-        full = jax.tree_util.tree_map(
-            lambda p, sub: jax.tree_util.tree_map(lambda _: p, sub),
-            pins, jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves), is_leaf=_is_leaf,
-        )
+        jax.tree_util.tree_map(expand, pins, jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves),
+                               is_leaf=_is_leaf)
     except ValueError as e:
         what = "arguments" if label == "in_shardings" else "outputs"
         raise InvalidArgumentError(
             f"{label} does not match the structure of the {what} ({tree}): {e}. Consider a pytree prefix of "
             f"the {what} with PartitionSpec or None leaves."
         ) from e
-    return [None if p is UNCONSTRAINED else p
-            for p in jax.tree_util.tree_leaves(full, is_leaf=lambda x: x is None or _is_leaf(x))]
+    assert len(flat) == tree.num_leaves, (len(flat), tree.num_leaves)
+    return flat
 
 
 def pinned_layouts(spec: PartitionSpec, shape: tuple[int, ...], dtype: Any,

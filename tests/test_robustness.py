@@ -431,3 +431,31 @@ def test_constraint_on_the_same_devices_in_no_layout_of_the_mesh_is_dropped(mesh
         plan = shardsat.saturate_and_extract(f, mesh, x)
     assert plan.report.unkept
     assert_equivalent(plan, f, x)
+
+
+def test_pins_after_a_none_argument_or_output_land_on_their_own_value(mesh):
+    """A None argument, output or dict entry has no leaves. Broadcasting pins counted one for
+    it, so every later pin landed on the value after its own (silently), or past the end
+    (IndexError)."""
+    def g(n, a, x, y):
+        return None, x @ a + y, x * 2
+
+    args = (None, jnp.ones((16, 8)), jnp.arange(64.0).reshape(4, 16), jnp.ones((4, 8)))
+    plan = shardsat.saturate_and_extract(g, mesh, *args, in_shardings=(None, P(None, "model"), None, None),
+                                         out_shardings=(None, P(None, "model"), None))
+    assert plan.in_shardings[1].spec == P(None, "model")
+    assert plan.jit()(*args)[1].sharding.spec == P(None, "model")
+    assert_equivalent(plan, g, *args)
+    last = shardsat.saturate_and_extract(g, mesh, *args, in_shardings=(None, None, None, P("data")),
+                                         out_shardings=(None, None, P("data")))
+    assert last.in_shardings[3].spec == P("data")
+    assert last.jit()(*args)[2].sharding.spec == P("data")
+
+    def step(p, batch):
+        return jax.grad(lambda p: jnp.mean(jnp.tanh(batch["x"] @ p["w"]) ** 2 + batch["y"].sum()))(p)
+
+    params, batch = {"w": jnp.ones((32, 64))}, {"x": jnp.ones((16, 32)), "mask": None, "y": jnp.ones((16, 16))}
+    plan = shardsat.saturate_and_extract(step, mesh, params, batch,
+                                         in_shardings=(None, {"x": P("data"), "mask": None, "y": None}))
+    assert plan.in_shardings[1]["x"].spec == P("data")
+    assert_equivalent(plan, step, params, batch)
