@@ -249,3 +249,32 @@ def test_debug_print_is_kept(mesh, capfd):
     jax.block_until_ready(plan.jit()(jnp.ones((8, 4))))
     jax.effects_barrier()
     assert capfd.readouterr().out.count("total 32.0") == 1
+
+
+def _per_element_while(x):
+    return jax.vmap(lambda v: lax.while_loop(lambda c: c[0] < 3.0 * jnp.abs(c[1]).sum(),
+                                             lambda c: (c[0] + 1.0, c[1] * 0.9), (0.0, v)))(x)
+
+
+def _per_element_trip_count(x, n):
+    return jax.vmap(lambda v, k: lax.fori_loop(0, k, lambda i, c: c * 0.9 + 1, v))(x, n)
+
+
+def _per_key_poisson(keys):
+    return jax.vmap(lambda k: jax.random.poisson(k, 3.0, (4,)))(keys)
+
+
+@pytest.mark.parametrize("fn,args", [
+    (_per_element_while, (jax.random.normal(jax.random.key(0), (8, 4)),)),
+    (_per_element_trip_count, (jax.random.normal(jax.random.key(1), (8, 4)), jnp.arange(8, dtype=jnp.int32))),
+    (_per_key_poisson, (jax.random.split(jax.random.key(2), 8),)),
+], ids=["while", "fori", "poisson"])
+def test_while_loop_under_vmap_has_a_predicate_per_element(mesh, fn, args):
+    """vmap of a while loop whose predicate depends on the element: the primitive's predicate
+    is a vector (it runs while any holds, and an element whose predicate fails keeps its
+    carry); the plan ran it through lax.while_loop, which wants a scalar (TypeError)."""
+    plan = shardsat.saturate_and_extract(fn, mesh, *args)
+    if fn is _per_key_poisson:
+        np.testing.assert_array_equal(plan.jit()(*args), jax.jit(fn)(*args))
+    else:
+        assert_equivalent(plan, fn, *args)

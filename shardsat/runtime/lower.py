@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..egraph.collectives import COLLECTIVES, StepLike
@@ -242,7 +243,7 @@ class Interpreter:
         init = [self.exit_view(scope, a, lid) for a, lid in zip(loop.init, carry_lids, strict=True)]
         hoisted = self.hoist(scope, [s, c], [*zip(loop.carry_out, carry_lids, strict=True), (loop.pred, None)])
 
-        def cond_fun(carry: Any) -> Any:
+        def pred_of(carry: Any) -> Any:
             inner = self.enter(scope, c, hoisted, list(zip(loop.carry_in, carry, carry_lids, strict=True)))
             inner.execute()
             return self.exit_view(inner, loop.pred, None)
@@ -250,9 +251,15 @@ class Interpreter:
         def body_fun(carry: Any) -> Any:
             inner = self.enter(scope, s, hoisted, list(zip(loop.carry_in, carry, carry_lids, strict=True)))
             inner.execute()
-            return [self.exit_view(inner, a, lid) for a, lid in zip(loop.carry_out, carry_lids, strict=True)]
+            new = [self.exit_view(inner, a, lid) for a, lid in zip(loop.carry_out, carry_lids, strict=True)]
+            return _batched_step(pred_of(carry), new, carry) if batched else new
 
-        final = jax.lax.while_loop(cond_fun, body_fun, init)
+        # a while under vmap has a predicate per element (the primitive allows it, lax.while_loop
+        # does not): it runs while any element's holds, and an element whose predicate fails
+        # keeps its carry, as jax lowers it
+        batched = bool(self.program.values[loop.pred].shape) if isinstance(loop.pred, int) else False
+        final = jax.lax.while_loop(lambda carry: jnp.any(pred_of(carry)) if batched else pred_of(carry),
+                                   body_fun, init)
         self.set_results(scope, loop.final, list(final))
 
     def run_cond(self, scope: Scope, regions: tuple[int, ...]) -> None:
@@ -276,6 +283,15 @@ class Interpreter:
 
         results = jax.lax.switch(idx, [branch(b, r) for b, r in enumerate(regions)])
         self.set_results(scope, [e.outputs[0] for e, _ in outs], list(results))
+
+
+def _batched_step(pred: Any, new: list[Any], old: list[Any]) -> list[Any]:
+    """Each carry's new value where its element's predicate holds, else its old one (the
+    predicate's dimensions lead every carry's, as the while primitive's batching makes them)."""
+    def pick(a: Any, b: Any) -> Any:
+        which = jax.lax.broadcast_in_dim(pred, a.shape, tuple(range(pred.ndim)))
+        return jax.lax.select(which, a, b)
+    return [pick(a, b) for a, b in zip(new, old, strict=True)]
 
 
 class Scope:
