@@ -5,15 +5,16 @@ collected and reported together, in the style of shard_map's errors."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .egraph.layout import Layout, SpaceTable, spec_to_layout
-from .egraph.program import Literal, Program
+from .egraph.program import Literal, Program, is_extended
 from .egraph.ties import resolve_ties as resolve_ties  # re-exported: it was defined here
-from .errors import InvalidArgumentError
+from .errors import ConstraintWarning, InvalidArgumentError
 
 UNCONSTRAINED = PartitionSpec.UNCONSTRAINED
 
@@ -56,7 +57,7 @@ def pinned_layouts(spec: PartitionSpec, shape: tuple[int, ...], dtype: Any,
     want, why = spec_to_layout(fixed, shape, spaces.mesh)
     if want is None:
         return None, why
-    if 0 in shape:  # no elements: only the replicated layout exists (egraph/layout.py)
+    if 0 in shape or is_extended(dtype):  # only the replicated layout exists (egraph/layout.py)
         return frozenset({spaces.space(shape, dtype).layouts[0]}), None
     if not free:
         return frozenset({spaces.layouts.intern(want)}), None
@@ -96,6 +97,7 @@ def resolve_pins(
             continue
         spec = pin.spec if isinstance(pin, NamedSharding) else pin
         v = program.values[program.args[pos]]
+        _warn_if_key(program.arg_paths[pos], spec, v.dtype)
         lays, why = pinned_layouts(spec, v.shape, v.dtype, spaces)
         if lays is None:
             problems.append(f"  * {program.arg_paths[pos]}: shape {v.shape}, spec {spec}: {why}")
@@ -109,6 +111,7 @@ def resolve_pins(
         o = program.outputs[k]
         shape = () if isinstance(o, Literal) else program.values[o].shape
         dtype = o.dtype if isinstance(o, Literal) else program.values[o].dtype
+        _warn_if_key(program.out_paths[k], spec, dtype)
         lays, why = pinned_layouts(spec, shape, dtype, spaces)
         if lays is None:
             problems.append(f"  * {program.out_paths[k]}: shape {shape}, spec {spec}: {why}")
@@ -122,6 +125,14 @@ def resolve_pins(
             "an argument free."
         )
     return arg_pins, out_pins
+
+
+def _warn_if_key(path: str, spec: PartitionSpec, dtype: Any) -> None:
+    """A pin that splits a PRNG key array cannot hold: plans keep key arrays replicated."""
+    if is_extended(dtype) and any(e is not None and e is not UNCONSTRAINED for e in spec):
+        warnings.warn(f"{path} is a PRNG key array pinned to {spec}: shardsat plans keep key arrays replicated, "
+                      "so it is passed and returned whole (plan.in_shardings / out_shardings say so). The keys "
+                      "are the same either way.", ConstraintWarning, stacklevel=6)
 
 
 def example_pins(example_args: tuple[Any, ...], in_shardings: Any, mesh: Any) -> Any:

@@ -459,3 +459,34 @@ def test_pins_after_a_none_argument_or_output_land_on_their_own_value(mesh):
                                          in_shardings=(None, {"x": P("data"), "mask": None, "y": None}))
     assert plan.in_shardings[1]["x"].spec == P("data")
     assert_equivalent(plan, step, params, batch)
+
+
+def test_pins_and_constraints_that_split_prng_keys_leave_them_whole(mesh):
+    """Plans keep PRNG key arrays replicated. A pin or a with_sharding_constraint that splits
+    one (jax.jit runs both) made every layout of the keys disallowed: NoPlanError. Now the
+    keys stay whole and the plan says so (ConstraintWarning; in_shardings shows P())."""
+    from jax.sharding import NamedSharding
+    keys, x = jax.random.split(jax.random.key(0), 8), jnp.ones((8, 4))
+
+    def f(ks, x):
+        return jax.vmap(lambda k: jax.random.normal(k, (4,)))(ks) + x
+
+    want = jax.jit(f)(keys, x)
+    with pytest.warns(shardsat.ConstraintWarning, match="PRNG key"):
+        plan = shardsat.saturate_and_extract(f, mesh, keys, x, in_shardings=(P("data"), P("data")))
+    assert plan.in_shardings[0].spec == P()
+    np.testing.assert_array_equal(plan.jit()(jax.device_put(keys, NamedSharding(mesh, P("data"))), x), want)
+    split = jax.jit(lambda ks: jax.vmap(lambda k: jax.random.split(k)[0])(ks))
+    with pytest.warns(shardsat.ConstraintWarning, match="PRNG key"):
+        plan = shardsat.saturate_and_extract(lambda ks: jax.vmap(lambda k: jax.random.split(k)[0])(ks), mesh, keys,
+                                             out_shardings=P("data"))
+    assert jax.random.key_data(plan.jit()(keys)).tolist() == jax.random.key_data(split(keys)).tolist()
+    auto = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def g(ks, x):
+        return f(jax.lax.with_sharding_constraint(ks, NamedSharding(auto, P("data"))), x)
+
+    with pytest.warns(shardsat.ConstraintWarning, match="PRNG key"):
+        plan = shardsat.saturate_and_extract(g, auto, keys, x)
+    assert any("PRNG key" in u for u in plan.report.unkept)
+    np.testing.assert_array_equal(plan.jit()(keys, x), jax.jit(g)(keys, x))

@@ -6,6 +6,7 @@ is on. Where a layout of the plan's mesh puts the same shards on the same device
 keeps the constraint as that layout. Otherwise (other devices, or an arrangement no layout
 matches) no plan can keep it: it is dropped (the value is placed freely; values are the same,
 a constraint only places them) and the plan says so (ConstraintWarning, report, explain()).
+So is a constraint that splits a PRNG key array: plans keep key arrays replicated.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .layout import MeshAxes, enumerate_layouts
-from .program import Program
+from .program import Program, is_extended
 
 CONSTRAINT = "sharding_constraint"
 
@@ -28,6 +29,12 @@ def adopt_constraints(prog: Program, mesh: Mesh) -> list[str]:
     dropped = []
     for eqn in prog.equations:
         sharding = eqn.params.get("sharding") if eqn.name == CONSTRAINT else None
+        if sharding is not None and is_extended(prog.values[eqn.outputs[0]].dtype) and _splits(sharding):
+            eqn.params = {**eqn.params, "sharding": None}
+            dropped.append(f"with_sharding_constraint at {eqn.source}: spec {getattr(sharding, 'spec', sharding)} on a "
+                           "PRNG key array: "
+                           "plans keep key arrays replicated (the keys are the same either way); not kept")
+            continue
         if not isinstance(sharding, NamedSharding) or _same_mesh(sharding.mesh, mesh):
             continue
         shape = prog.values[eqn.outputs[0]].shape
@@ -40,6 +47,12 @@ def adopt_constraints(prog: Program, mesh: Mesh) -> list[str]:
                        f"{tuple(shape)} on the plan's mesh puts the same shards on the same devices; not kept, "
                        "the value is placed freely")
     return dropped
+
+
+def _splits(sharding: Any) -> bool:
+    """Does the sharding (a NamedSharding or a bare spec) split anything?"""
+    spec = getattr(sharding, "spec", sharding)
+    return isinstance(spec, PartitionSpec) and any(e is not None for e in spec)
 
 
 def _same_mesh(a: Any, b: Mesh) -> bool:
