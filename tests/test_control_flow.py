@@ -251,6 +251,36 @@ def test_debug_print_is_kept(mesh, capfd):
     assert capfd.readouterr().out.count("total 32.0") == 1
 
 
+def test_ordered_debug_callbacks_run_once_in_order(mesh, capfd):
+    """jax.debug.callback / print with ordered=True: jax refuses ordered debug effects on more
+    than one device (a raw ValueError when the plan ran); the plan calls them through an
+    ordered io_callback, once each, in program order, also inside a scan."""
+    seen = []
+
+    def f(w, x):
+        h = x @ w
+        jax.debug.callback(lambda v: seen.append(("sum", float(v))), h.sum(), ordered=True)
+        jax.debug.print("max {m}", m=h.max(), ordered=True)
+
+        def body(c, _):
+            jax.debug.callback(lambda v: seen.append(("step", float(v))), c.sum(), ordered=True)
+            return jnp.tanh(c), None
+
+        h, _ = lax.scan(body, h, None, length=3)
+        return h
+
+    args = (jnp.ones((16, 8)), jnp.ones((4, 16)))
+    want = jax.jit(f)(*args)
+    jax.effects_barrier()
+    expected, _ = list(seen), capfd.readouterr()
+    seen.clear()
+    plan = plan_of(f, mesh, *args)
+    np.testing.assert_allclose(plan.jit()(*args), want, rtol=1e-6)
+    jax.effects_barrier()
+    assert seen == expected and len(seen) == 4
+    assert capfd.readouterr().out.count("max 16.0") == 1
+
+
 def _per_element_while(x):
     return jax.vmap(lambda v: lax.while_loop(lambda c: c[0] < 3.0 * jnp.abs(c[1]).sum(),
                                              lambda c: (c[0] + 1.0, c[1] * 0.9), (0.0, v)))(x)

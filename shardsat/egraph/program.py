@@ -283,12 +283,31 @@ def bind(primitive: Any, operands: Sequence[Any], params: dict[str, Any]) -> Any
         params = _typed_shardings_dropped(params)
     elif params.get("sharding") is None:  # one no plan can keep (egraph/constraints.py)
         return operands[0]
+    if primitive.name == "debug_callback" and type(params.get("effect")).__name__ == "OrderedDebugEffect":
+        return _ordered_debug_callback(operands, params["callback"])
+    if primitive.name == "debug_print" and params.get("ordered"):
+        unordered = {**params, "ordered": False}
+        return _ordered_debug_callback(operands, lambda *a: primitive.impl(*a, **unordered))
     bind_params = primitive.get_bind_params(params)
     subfuns: Sequence[Any] = ()
     if isinstance(bind_params, tuple):  # jax versions that return the bodies beside the params
         subfuns, bind_params = bind_params
     out = primitive.bind(*subfuns, *operands, **bind_params)
     return list(out) if primitive.multiple_results else out  # shard_map gives a FlatTree
+
+
+def _ordered_debug_callback(operands: Sequence[Any], callback: Callable[..., Any]) -> list[Any]:
+    """jax.debug.callback / print with ordered=True: jax runs ordered debug effects on one device
+    only ("not supported for more than 1 device"), so the plan calls the same callback (for a
+    print, the primitive's own eager print) through io_callback(ordered=True), which jax runs
+    once, in program order, on any mesh."""
+    from jax.experimental import io_callback
+
+    def call(*args: Any) -> None:
+        callback(*args)
+
+    io_callback(call, None, *operands, ordered=True)
+    return []
 
 
 _RESULT_SHARDINGS = ("sharding", "out_sharding")
