@@ -281,6 +281,25 @@ def test_ordered_debug_callbacks_run_once_in_order(mesh, capfd):
     assert capfd.readouterr().out.count("max 16.0") == 1
 
 
+def test_partitioned_debug_callback_runs_as_often_as_under_jit(mesh):
+    """partitioned=True asks for a call per device's shard; jax.jit of the function (one device)
+    calls it once with the whole value, and so does the plan (it called it 8 times)."""
+    calls = []
+
+    def f(w, x):
+        h = x @ w
+        jax.debug.callback(lambda v: calls.append(v.shape), h, partitioned=True)
+        return h
+
+    args = (jnp.ones((32, 16)), jnp.ones((16, 32)))
+    jax.block_until_ready(jax.jit(f)(*args))
+    jax.effects_barrier()
+    want, _ = list(calls), calls.clear()
+    jax.block_until_ready(plan_of(f, mesh, *args).jit()(*args))
+    jax.effects_barrier()
+    assert calls == want == [(16, 16)]
+
+
 def _per_element_while(x):
     return jax.vmap(lambda v: lax.while_loop(lambda c: c[0] < 3.0 * jnp.abs(c[1]).sum(),
                                              lambda c: (c[0] + 1.0, c[1] * 0.9), (0.0, v)))(x)

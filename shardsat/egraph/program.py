@@ -283,6 +283,10 @@ def bind(primitive: Any, operands: Sequence[Any], params: dict[str, Any]) -> Any
         params = _typed_shardings_dropped(params)
     elif params.get("sharding") is None:  # one no plan can keep (egraph/constraints.py)
         return operands[0]
+    if primitive.name in ("debug_callback", "debug_print") and params.get("partitioned"):
+        # a callback per device's shard: jax.jit of the function calls it once, with the whole
+        # value (one device); the plan does the same, whatever layout it gives the value
+        params = {**params, "partitioned": False}
     if primitive.name == "debug_callback" and type(params.get("effect")).__name__ == "OrderedDebugEffect":
         return _ordered_debug_callback(operands, params["callback"])
     if primitive.name == "debug_print" and params.get("ordered"):
