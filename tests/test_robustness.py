@@ -490,3 +490,23 @@ def test_pins_and_constraints_that_split_prng_keys_leave_them_whole(mesh):
         plan = shardsat.saturate_and_extract(g, auto, keys, x)
     assert any("PRNG key" in u for u in plan.report.unkept)
     np.testing.assert_array_equal(plan.jit()(keys, x), jax.jit(g)(keys, x))
+
+
+def test_device_put_of_values_of_other_shapes_has_a_rule(mesh):
+    """jax.device_put of a tuple (jax.scipy.sparse.linalg.cg puts its state so): one identity
+    per value. Values of other shapes fell back to replicated with an internal rule error."""
+    import jax.scipy.sparse.linalg as spl
+
+    def f(x, y):
+        a, b = jax.device_put((x * 2, y + 1))
+        return a.sum(0), b
+
+    def cg(a, b):
+        return jax.vmap(lambda r: spl.cg(lambda v: a @ v, r, tol=1e-6)[0])(b)
+
+    for fn, args in ((f, (jnp.ones((8, 8)), jnp.ones((16, 4)))), (cg, (jnp.eye(16) * 2.0, jnp.ones((8, 16))))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", shardsat.FallbackWarning)
+            plan = shardsat.saturate_and_extract(fn, mesh, *args)
+        assert not plan.report.fallbacks
+        assert_equivalent(plan, fn, *args, rtol=1e-5)

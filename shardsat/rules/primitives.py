@@ -450,6 +450,15 @@ def optimization_barrier(t: EqnTypes) -> FactorSignature:
     return _sig(t, tensors, list(tensors), linear=(tuple(range(len(t.in_shapes))),))
 
 
+def device_put(t: EqnTypes) -> FactorSignature:
+    """jax.device_put of one value, or of several (a tuple: jax.scipy.sparse.linalg.cg puts its
+    state so): an identity on each. Operands of one shape are elementwise together, as before;
+    of other shapes, each has its own factors (the elementwise signature cannot pair them)."""
+    if len({tuple(s) for s in t.in_shapes}) <= 1:
+        return elementwise(t)
+    return optimization_barrier(t)
+
+
 def rev(t: EqnTypes) -> FactorSignature:
     return _same_except(t, set(t.params["dimensions"]), [0])
 

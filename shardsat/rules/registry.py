@@ -62,8 +62,8 @@ _BUILTIN: list[PrimitiveRule] = [
     *(_ew(name) for name in _CHEAP),
     *(_ew(name, fuse=Fuse.EXPENSIVE) for name in _EXPENSIVE),
     *(_ew(name, all_operands) for name in ("add", "add_any", "sub")),
-    *(_ew(name, first_operand) for name in ("neg", "copy", "copy_p", "real", "imag", "conj", "stop_gradient",
-                                            "device_put")),
+    *(_ew(name, first_operand) for name in ("neg", "copy", "copy_p", "real", "imag", "conj", "stop_gradient")),
+    _ew("device_put", first_operand, builder=p.device_put),
     _ew("complex"),  # real and imaginary parts zipped: pointwise, a pending sum not passed through
     _ew("div", first_operand, fuse=Fuse.EXPENSIVE),
     _ew("mul", each_operand),
