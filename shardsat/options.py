@@ -62,8 +62,11 @@ def check_options(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
     if extraction not in METHODS:
         problems.append(f"extraction must be 'auto', 'greedy' or 'exact', got {extraction!r}.")
     if priors not in PRIORS and not (isinstance(priors, str | os.PathLike) and os.path.isfile(priors)):
+        missing = isinstance(priors, os.PathLike) or (isinstance(priors, str) and ("/" in priors or os.sep in priors
+                                                                                 or priors.endswith(".npz")))
         problems.append(f"priors must be 'auto', 'families', 'builtin', the path of a prior's weights file or "
-                        f"None, got {priors!r}. Consider priors=None for every layout.")
+                        f"None, got {priors!r}" + (": no such file" if missing else "")
+                        + ". Consider priors=None for every layout.")
     for label, flag in (("progress", progress), ("fold_loops", fold_loops)):
         bad = optional_bool_problem(label, flag)
         if bad:
@@ -74,6 +77,9 @@ def check_options(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
     elif cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
         problems.append(f"cache_dir {os.fspath(cache_dir)!r} is a file, not a folder (plans are saved there, one "
                         "file each). Consider a folder's path, e.g. cache_dir='plans/'.")
+    elif cache_dir is not None and (why := _unwritable(os.fspath(cache_dir))):
+        problems.append(f"cache_dir {os.fspath(cache_dir)!r} cannot hold saved plans: {why}. Consider a folder "
+                        "this process may write, e.g. cache_dir='plans/'.")
     if len(problems) == 1:
         raise InvalidArgumentError(f"saturate_and_extract: {problems[0]}")
     if problems:
@@ -315,3 +321,14 @@ def signature_problems(primitive: Any, spec: Any, reduction_factors: Any, need_r
         out.append(f"flops_per_element must be a finite non-negative number (the cost model multiplies it by "
                    f"the result's elements), got {flops_per_element!r}. Consider flops_per_element=1.0.")
     return out
+
+
+def _unwritable(folder: str) -> str | None:
+    """Why plans cannot be saved in `folder` (made if missing, as saving would), or None: checked
+    before planning, so that the search's minutes are not lost to a raw OSError at the end."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+    return None if os.access(folder, os.W_OK | os.X_OK) else "the folder is not writable"
+

@@ -510,3 +510,21 @@ def test_device_put_of_values_of_other_shapes_has_a_rule(mesh):
             plan = shardsat.saturate_and_extract(fn, mesh, *args)
         assert not plan.report.fallbacks
         assert_equivalent(plan, fn, *args, rtol=1e-5)
+
+
+def test_unusable_cache_dir_priors_file_and_jitted_static_arguments_are_named(mesh, tmp_path):
+    """Errors in shardsat's family, naming the option, before planning: a cache_dir that cannot
+    be made (was a raw FileNotFoundError after the search), a priors file that is not there,
+    and a jax.jit function whose static argument is among the example arguments (was jax's
+    ValueError about a non-hashable tracer)."""
+    f = lambda a, x: jnp.tanh(x @ a)  # noqa: E731
+    args = (jnp.ones((16, 8)), jnp.ones((4, 16)))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(shardsat.InvalidArgumentError, match=r"cache_dir .* cannot hold saved plans"):
+        shardsat.saturate_and_extract(f, mesh, *args, cache_dir=blocker / "plans")
+    with pytest.raises(shardsat.InvalidArgumentError, match="no such file"):
+        shardsat.saturate_and_extract(f, mesh, *args, priors=str(tmp_path / "missing.npz"))
+    jitted = jax.jit(lambda w, x, n: jnp.tanh(x @ w) * n, static_argnums=2)
+    with pytest.raises(shardsat.InvalidArgumentError, match=r"functools\.partial"):
+        shardsat.saturate_and_extract(jitted, mesh, jnp.ones((16, 8)), jnp.ones((8, 16)), 3)

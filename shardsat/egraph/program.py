@@ -388,7 +388,16 @@ def trace(fn: Callable[..., Any], args: Sequence[Any], mesh: Any = None) -> Prog
     then rejects."""
     args = tuple(args)
     abstract = jax.tree_util.tree_map(_abstract, args)
-    closed, out_shape = make_jaxpr_in(fn, abstract, jax.set_mesh(mesh) if mesh is not None else None)
+    try:
+        closed, out_shape = make_jaxpr_in(fn, abstract, jax.set_mesh(mesh) if mesh is not None else None)
+    except ValueError as e:
+        if "static argument" not in str(e).lower():
+            raise
+        raise InvalidArgumentError(
+            f"saturate_and_extract traces every example argument as an array, and `{getattr(fn, '__name__', fn)}` is "
+            f"a jax.jit function with static arguments among them ({str(e).splitlines()[0][:200]}). Consider "
+            "functools.partial(fn, <static values>) as the function, or planning the function before jax.jit."
+        ) from e
     leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path(abstract)
     arg_paths = [f"args{_path_str(p)}" for p, _ in leaves_with_path]
     arg_counts = [len(jax.tree_util.tree_leaves(a)) for a in abstract]
