@@ -156,6 +156,9 @@ OLD_SIGNATURES |= {"igamma_grad_a": p.elementwise}
 OLD_ELEMENTWISE = [*OLD_ELEMENTWISE, "igamma_grad_a"]
 OLD_FUSIBLE = OLD_FUSIBLE | {"igamma_grad_a"}
 OLD_EXPENSIVE = OLD_EXPENSIVE | {"igamma_grad_a"}
+# device_put of values of other shapes is an identity on each (the elementwise signature cannot
+# pair them); of one shape, elementwise as before
+OLD_SIGNATURES |= {"device_put": p.device_put}
 ALL_OLD = ALL_OLD | {"igamma_grad_a"}
 # vmap's psum, pmax and pmin over its named axis (positional axes) are reductions, and
 # lax.reduce with a user's combiner keeps its reduced dimensions whole (all were fallbacks)
