@@ -528,3 +528,29 @@ def test_unusable_cache_dir_priors_file_and_jitted_static_arguments_are_named(me
     jitted = jax.jit(lambda w, x, n: jnp.tanh(x @ w) * n, static_argnums=2)
     with pytest.raises(shardsat.InvalidArgumentError, match=r"functools\.partial"):
         shardsat.saturate_and_extract(jitted, mesh, jnp.ones((16, 8)), jnp.ones((8, 16)), 3)
+
+
+def test_state_the_program_never_reads_is_passed_as_it_is_returned(mesh):
+    """state_argnums on an argument the function does not read, its output made from others:
+    the pressure search followed the input's production and raised KeyError; the plan then
+    passed the state replicated while returning it split."""
+    s, x = jnp.arange(8.0), jnp.ones(8)
+    for fn in (lambda s, x: x * 2, lambda s, x: (jnp.arange(8.0), x.sum())):
+        for extraction in ("auto", "greedy"):
+            plan = shardsat.saturate_and_extract(fn, mesh, s, x, state_argnums=(0,), extraction=extraction)
+            (a, o), = plan.ties
+            assert plan.costed.assignment.arg_layouts[a] == plan.extraction.root_layouts[o]
+            assert_equivalent(plan, fn, s, x)
+
+
+def test_planned_function_takes_arguments_by_name_as_jax_jit_does(mesh):
+    def f(w, x):
+        return jnp.tanh(x @ w).sum(0)
+
+    w, x = jnp.ones((16, 8)), jnp.arange(128.0).reshape(8, 16) / 100
+    run = shardsat.saturate_and_extract(f, mesh, w, x).jit()
+    want = jax.jit(f)(w, x)
+    for got in (run(w=w, x=x), run(w, x=x), run.lower(w=w, x=x).compile()(w, x)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    with pytest.raises(shardsat.InvalidArgumentError, match="positionally"):
+        run(w, y=x)

@@ -240,7 +240,8 @@ def _sweep(sg: SearchGraph, st: PlanState, work: list[int], space_seen: SpaceSee
         dirty = set()
         for grp in changed:
             dirty.add(grp)
-            dirty.update(sg.demands(choice[grp]))
+            if grp in choice:  # a tied input the program never reads has no production to follow
+                dirty.update(sg.demands(choice[grp]))
             dirty.update(sg.parents[grp])
     return sweeps
 

@@ -77,6 +77,10 @@ def cost_plan(program: Program, graph: ExportedGraph, spaces: SpaceTable, tables
     """The extraction assigned to equations and costed. `memory`: the plan's estimate where the
     caller has it already; `model` None (a loaded plan without one): FLOPs are zeros."""
     pins = dict(arg_pins or {})
+    for a, o in ties or []:  # loop-carried state the program never reads: passed as it is returned
+        lid = ex.root_layouts[o] if o < len(ex.root_layouts) else None
+        if a not in pins and lid is not None:
+            pins[a] = frozenset({lid})
     asg = assign(program, graph, tables, spaces, ex, pins)
     c = _Costing(program, graph, spaces, tables, ex, asg, model, list(ties or []), pins)
     return CostedPlan(ex, asg, c.cost(memory), c.weight_updates(), model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,12 +123,30 @@ class PlannedFunction:
     plan's layout first."""
 
     def __init__(self, jitted: Any, in_shardings: tuple[Any, ...], donate_argnums: tuple[int, ...] = (),
-                 mesh: Mesh | None = None, planned: PlannedArgs | None = None) -> None:
+                 mesh: Mesh | None = None, planned: PlannedArgs | None = None, fn: Any = None) -> None:
         self.jitted = jitted
         self.in_shardings = in_shardings
         self.donate_argnums = donate_argnums
         self.mesh = mesh  # the runtime's (Auto) mesh the plan lowers on
         self.planned = planned  # the arguments the plan was made for: others are refused
+        self.fn = fn  # the user's function: its signature names the arguments
+
+    def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """Arguments given by name (as jax.jit takes them) in the function's positions."""
+        if not kwargs:
+            return args
+        try:
+            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(
+                f"plan.jit() takes the planned function's arguments, positionally or by name; these do not bind to "
+                f"its signature: {e}. Consider passing them positionally, as they were given to "
+                "saturate_and_extract.") from e
+        if bound.kwargs:
+            raise InvalidArgumentError(
+                f"plan.jit() got keyword-only arguments {sorted(bound.kwargs)}: the plan was made for positional "
+                "arguments. Consider functools.partial(fn, ...) for them before planning.")
+        return tuple(bound.args)
 
     def _prepare(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         leaves, tree = jax.tree_util.tree_flatten(args)
@@ -154,7 +173,8 @@ class PlannedFunction:
                 raise
         raise err
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args = self._positional(args, kwargs)
         context = jax.sharding.get_abstract_mesh()
         if self.mesh is None or context.empty:
             return self._run(self.jitted, args)
@@ -171,7 +191,8 @@ class PlannedFunction:
             lambda y: jax.device_put(y, NamedSharding(caller, y.sharding.spec))
             if isinstance(getattr(y, "sharding", None), NamedSharding) else y, out)
 
-    def lower(self, *args: Any) -> Any:
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        args = self._positional(args, kwargs)
         if self.mesh is None or jax.sharding.get_abstract_mesh().empty:
             return self._run(self.jitted.lower, args)
         with jax.set_mesh(self.mesh):
@@ -300,6 +321,7 @@ class Plan:
             tuple(donate_argnums),
             self.runtime_mesh,
             expected,
+            self.fn,
         )
         self._jitted = f
         return f
