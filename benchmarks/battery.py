@@ -630,6 +630,37 @@ def _(mesh):
         (r(16, 16), r(32, 16, seed=1))
 
 
+# found by probing (2026-12-04): a while loop under vmap (a predicate per element), Poisson
+# sampling per key (a while loop on keys), device_put of a tuple of other shapes (conjugate
+# gradients), ordered debug callbacks (jax runs ordered debug effects on one device only)
+@prog("vmap_while_per_element")
+def _(mesh):
+    return (lambda x: jax.vmap(lambda v: lax.while_loop(lambda c: c[0] < 3.0 * jnp.abs(c[1]).sum(),
+                                                        lambda c: (c[0] + 1.0, c[1] * 0.9), (0.0, v)))(x)), (r(8, 4),)
+
+
+@prog("vmap_poisson_per_key")
+def _(mesh):
+    return (lambda ks, x: jax.vmap(lambda k: jax.random.poisson(k, 3.0, (4,)))(ks) + x), \
+        (jax.random.split(KEY, 8), r(8, 4))
+
+
+@prog("vmap_conjugate_gradient")
+def _(mesh):
+    import jax.scipy.sparse.linalg as spl
+    return (lambda a, b: jax.vmap(lambda rhs: spl.cg(lambda v: a @ v, rhs, tol=1e-6)[0])(b)), \
+        (jnp.eye(16) * 2.0 + 0.01 * r(16, 16), r(8, 16))
+
+
+@prog("ordered_debug_callback")
+def _(mesh):
+    def f(w, x):
+        h = x @ w
+        jax.debug.callback(lambda v: None, h.sum(), ordered=True)
+        return jnp.tanh(h)
+    return f, (r(16, 8), r(4, 16))
+
+
 # optax optimizers beyond adam: factored moments (adafactor), trust ratios (lamb, lars), sign
 # updates (lion), Newton-Schulz iterations (muon), gradient accumulation (MultiSteps)
 OPTIMIZERS = {
