@@ -331,4 +331,3 @@ def _unwritable(folder: str) -> str | None:
     except OSError as e:
         return f"{type(e).__name__}: {e.strerror or e}"
     return None if os.access(folder, os.W_OK | os.X_OK) else "the folder is not writable"
-
