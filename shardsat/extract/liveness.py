@@ -433,6 +433,7 @@ class PlanLiveness:
         self.transient: list[tuple[int, int, int]] = []  # (start, end, bytes) of buffers no value names
         self.copied: dict[int, dict[int, tuple[int, ...]]] = {}  # dot position -> operand -> the order XLA copies it in
         self.copy_groups: dict[Buf, list[set[int]]] = {}  # per buffer: the dots reading each transposed copy of it
+        self.middles: set[Buf] = set()  # chain steps made and read in one instant (_middles)
 
     def run(self) -> None:
         tl = self.tl
@@ -693,6 +694,30 @@ class PlanLiveness:
                 # the raw gathered buffer now, the transposed copy (the view) a step later
                 self.transient.append((t, t, self.tl.size(*b)))
                 self.born[b] = min(t + 1, max(self.last.get(b, t), t))
+        self._middles(views)
+
+    def _middles(self, views: list[Buf]) -> None:
+        """Steps in the middle of chains (a weight gathered in two hops) made in one instant are
+        not all live together: XLA makes each chain's next hop and frees the middle before the
+        next chain's, so an instant holds every next hop and one middle (or, breadth-first, every
+        middle and one next hop), not every middle beside every next hop. (A next hop that is
+        copied into a minor order is dated an instant later; its raw gathered buffer is at t.)"""
+        nxt: dict[Buf, list[Buf]] = {}
+        for b in views:
+            nxt.setdefault((b[0], self.step_to[b].src), []).append(b)  # type: ignore[attr-defined]
+        slots: dict[int, list[Buf]] = {}
+        for m, after in nxt.items():
+            t = self.born.get(m)
+            if (m in self.step_to and m not in self.view_readers and t is not None
+                    and self.last.get(m, t) == t and all(self.born.get(a, -1) - t in (0, 1) for a in after)):
+                slots.setdefault(t, []).append(m)
+        for t, ms in slots.items():
+            if len(ms) < 2:
+                continue
+            self.middles.update(ms)
+            mids = [self.tl.size(*m) for m in ms]
+            hops = [self.tl.size(*a) for m in ms for a in nxt[m]]
+            self.transient.append((t, t, max(max(mids), sum(mids) + max(hops) - sum(hops))))
 
     def _source_birth(self, b: Buf) -> int:
         """When the source of view `b` exists: a buffer's birth, an argument's -1 (before the
@@ -753,7 +778,8 @@ class PlanLiveness:
         outputs) and the `extra` ones (copies), after in-place sharing and reuse of the `fixed`
         (output, donated) allocations."""
         temps = [Temp(self.tl.size(*b), t, max(self.last.get(b, t), t), b in self.inplace, b)
-                 for b, t in self.born.items() if b not in excluded and self.is_buffer(b)]
+                 for b, t in self.born.items()
+                 if b not in excluded and b not in self.middles and self.is_buffer(b)]
         temps += extra
         temps += [Temp(size, t0, t1) for t0, t1, size in self.transient]
         share_inplace(temps)
