@@ -74,6 +74,9 @@ def main(argv: list[str]) -> int:
     flags = {"--only"}
     roots = [a for k, a in enumerate(argv) if not a.startswith("--") and (k == 0 or argv[k - 1] not in flags)]
     only = [argv[k + 1] for k, a in enumerate(argv) if a == "--only"]
+    if not roots or {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return 0 if roots or argv else 2
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", os.path.abspath(root)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for root in roots]
     headers = [json.loads(p.stdout.readline()) for p in procs]  # every worker's, read
