@@ -2,7 +2,10 @@
 the reductions it hands to YNNPACK, size-1 reductions that are reshapes, and cross-entropy's
 vocabulary-sized buffers against the compiled figure."""
 
+import importlib
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -15,6 +18,22 @@ import shardsat
 from shardsat.egraph.program import Literal
 from shardsat.extract import fusion
 from shardsat.extract.liveness import bfs_order
+
+
+def _experts(*names: str) -> list[Any]:
+    """Modules of the expert benchmark (benchmarks/experts/), or attributes of them ("mlp",
+    "common.make_mesh"): the memory tests plan its workloads."""
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    for d in (str(root), str(root / "experts")):
+        if d not in sys.path:
+            sys.path.insert(0, d)
+    out = []
+    for n in names:
+        mod, _, attr = n.partition(".")
+        m = importlib.import_module(mod)
+        out.append(getattr(m, attr) if attr else m)
+    return out
+
 
 LOW, HIGH = 0.95, 1.10  # predicted / compiled, as benchmarks/memory.py accepts it
 
@@ -113,8 +132,6 @@ def test_data_parallel_adam_step_on_a_2d_mesh_matches_compiled():
     reduction does not wait for the other's) and all-gathers moments updated on shards (a
     moment gathered along a minor dimension is recomputed by the weight's update, and XLA
     copies the old moment first). Within the band of the compiled figure."""
-    import sys
-    from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from models import GPTConfig, gpt_batch, gpt_params, make_gpt_step
 
@@ -190,12 +207,7 @@ def test_conv_net_adam_step_estimate_matches_compiled():
     at the start), and the reversed kernels the backward convolutions read are written
     transposed early and held until then. Within the band of the compiled figure (0.934
     without them)."""
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1] / "benchmarks"
-    sys.path[:0] = [str(root / "experts"), str(root)]
-    from common import make_mesh
-    from misc import workloads
+    make_mesh, workloads = _experts("common.make_mesh", "misc.workloads")
 
     w = next(w for w in workloads() if w.name.startswith("ConvNet train"))
     mesh = make_mesh((2, 4))
@@ -212,12 +224,7 @@ def test_donated_weight_updated_in_place_keeps_its_buffer():
     update, so XLA copies the weight for that dot (a transposed copy) while the in-place update
     reads the parameter itself: the parameter's buffer is busy until the update and holds no
     temporaries. Within the band of the compiled figure (0.934 when the copy freed it)."""
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1] / "benchmarks"
-    sys.path[:0] = [str(root / "experts"), str(root)]
-    from common import make_mesh
-    from misc import workloads
+    make_mesh, workloads = _experts("common.make_mesh", "misc.workloads")
 
     w = next(w for w in workloads() if w.name.startswith("SoftMoE train"))
     mesh = make_mesh((8,))
@@ -287,12 +294,7 @@ def test_expert_weights_split_one_per_device_are_copied_transposed():
     per device): XLA copies each expert weight transposed at the start, as the expert's batch
     dimension of size 1 hides the transpose from the dot (0.683 of the compiled figure when not
     counted); in training the weight's forward and backward dots share the copy."""
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1] / "benchmarks"
-    sys.path[:0] = [str(root / "experts"), str(root)]
-    from common import make_mesh
-    from misc import build_soft_moe
+    make_mesh, build_soft_moe = _experts("common.make_mesh", "misc.build_soft_moe")
 
     mesh = make_mesh((8,))
     for train, t in ((False, 512), (True, 256)):
@@ -308,12 +310,7 @@ def test_a_chain_of_collectives_on_a_gradient_starts_after_the_gradient():
     then all-gathered, and no reader reads the scattered middle of that chain. Its all-gathered
     end used to be dated from the start of the program (the middle's birth was unknown), so
     four 16 MiB gradients were live throughout: 1.271 of the compiled figure."""
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1] / "benchmarks"
-    sys.path[:0] = [str(root / "experts"), str(root)]
-    import mlp
-    from common import make_mesh
+    mlp, make_mesh = _experts("mlp", "common.make_mesh")
 
     mesh = make_mesh((2, 2, 2))
     prob = mlp.build(1024, 4096, 4, 2048, True, mesh)
@@ -328,12 +325,7 @@ def test_weights_gathered_in_two_hops_hold_one_middle_at_a_time():
     (data, fsdp), then over model): XLA frees each half once its next hop is made, so the start
     holds every whole weight and about one half. Every half used to be counted beside every
     whole weight: 1.255 of the compiled figure."""
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1] / "benchmarks"
-    sys.path[:0] = [str(root / "experts"), str(root)]
-    import mlp
-    from common import make_mesh
+    mlp, make_mesh = _experts("mlp", "common.make_mesh")
 
     mesh = make_mesh((2, 2, 2))
     prob = mlp.build(512, 512, 6, 4096, False, mesh)
