@@ -544,7 +544,9 @@ class PlanLiveness:
         tl = self.tl
         sinks = [r for r in reds if not any(r2 is not r and (tl.anc[r2[2]] | (1 << r2[2])) & r[3] for r2 in reds)]
         if len(sinks) > 1:
-            when = max(self.born.get((b[0], s.src), 0) for b, s, _, _ in sinks)  # type: ignore[attr-defined]
+            # a source that is not a stored buffer (fused into its producer) exists once
+            # that producer has run, not from the program's start
+            when = max(self.born.get((b[0], s.src), tl.birth_time(t)) for b, s, t, _ in sinks)  # type: ignore[attr-defined]
             for b, s, _, _ in sinks:
                 self.read(b[0], s.src, when, when, True)  # type: ignore[attr-defined]
                 if COLLECTIVES[s.kind].cpu_via_all_reduce:  # type: ignore[attr-defined]
