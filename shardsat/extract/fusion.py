@@ -14,6 +14,9 @@ PrimitiveRule (rules/registry.py) states its kind: the memory model's view of
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Callable, Hashable, Sequence
+
 from ..egraph.program import Equation, Literal
 from ..rules.registry import rule_for
 from ..rules.rule import Fuse
@@ -114,7 +117,66 @@ def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: b
         return True  # a reshape that interleaves broadcast dimensions is no bitcast: XLA:CPU writes it out
     if k in (Fuse.EXPENSIVE, Fuse.GATHER):
         return len({id(r) for r in readers}) > 1 or any(rule_for(r.primitive).rereads for r in readers)
+    if rule_for(eqn.primitive).fused_once:
+        return len({id(r) for r in readers}) > 1
     return False
+
+
+# XLA emits a fused op at most this many times in one kernel (FusionNodeIndexingEvaluation::
+# kAllowedCodeDuplication); past it the op is not fused there and is stored
+ALLOWED_DUPLICATION = 15
+
+
+def over_duplicated(seq: Sequence[Equation], first: Sequence[Sequence[Hashable]], stored: dict[Hashable, bool],
+                    key: Callable[[int], Hashable | None], shape: Callable[[int], tuple[int, ...]]) -> list[Hashable]:
+    """Values a kernel would compute more than ALLOWED_DUPLICATION times, which XLA therefore
+    stores (each is marked in `stored` and returned). A fused value is computed once per way its
+    readers index it: a reader of the same shape (elementwise) or a transpose passes its own
+    indexings on, one that changes the shape (a slice, a pad, a broadcast) is a new one. A tree
+    of strided slices (the levels of lax.associative_scan) doubles the count at each level.
+    A pad or a concatenation (`fused_once`) is computed once or stored. Kernels are visited from
+    the last; a value stored here starts its own kernel."""
+    made = {k: t for t, ks in enumerate(first) for k in ks}
+    out: list[Hashable] = []
+    for root in range(len(seq) - 1, -1, -1):
+        if first[root] and any(stored.get(k, True) for k in first[root]):
+            out += _kernel_duplicates(seq, root, made, stored, key, shape)
+    return out
+
+
+def _kernel_duplicates(seq: Sequence[Equation], root: int, made: dict[Hashable, int], stored: dict[Hashable, bool],
+                       key: Callable[[int], Hashable | None], shape: Callable[[int], tuple[int, ...]]) -> list[Hashable]:
+    """over_duplicated for the kernel whose root is the equation at `root`: walks its fused
+    producers from the last, counting each one's emissions (XLA's index usage count)."""
+    users: dict[int, set[int]] = {root: {-1}}  # position -> the positions indexing it anew (-1: the kernel)
+    count = {-1: 1}
+    heap, seen, out = [-root], {root}, []
+    while heap:
+        t = -heapq.heappop(heap)  # every reader of t in the kernel comes later: its count is known
+        count[t] = sum(count[u] for u in users[t])
+        limit = 1 if rule_for(seq[t].primitive).fused_once else ALLOWED_DUPLICATION
+        if t != root and count[t] > limit:
+            for k in made_keys(seq[t], key):
+                stored[k] = True
+                out.append(k)
+            continue
+        e = seq[t]
+        for a in e.inputs:
+            k = key(a) if isinstance(a, int) else None
+            p = made.get(k) if k is not None else None
+            if p is None or p >= t or stored.get(k, True):
+                continue
+            passes = e.name == "transpose" or not e.outputs or tuple(shape(e.outputs[0])) == tuple(shape(a))
+            users.setdefault(p, set()).update(users[t] if passes else {t})
+            if p not in seen:
+                seen.add(p)
+                heapq.heappush(heap, -p)
+    return out
+
+
+def made_keys(eqn: Equation, key: Callable[[int], Hashable | None]) -> list[Hashable]:
+    """The keys of an equation's results."""
+    return [k for o in eqn.outputs if (k := key(o)) is not None]
 
 
 def may_transpose(eqn: Equation) -> bool:

@@ -214,6 +214,8 @@ class Timeline:
         for t, e in enumerate(self.seq):
             for k in self.first[t]:
                 self.stored[k] = fusion.stored(e, readers.get(k, []), k in whole, k in boundary, self.degenerate(e))
+        fusion.over_duplicated(self.seq, self.first, self.stored, self.key,  # type: ignore[arg-type]
+                               lambda v: prog.values[v].shape)
         self.readers_whole = whole
 
     def reads_whole(self, e: Equation, pos: int, a: int) -> bool:

@@ -56,6 +56,8 @@ class PrimitiveRule:
     fuse: Fuse = Fuse.OPAQUE  # what XLA's fusion makes of it (which results are buffers)
     sorts_in_place: bool = False  # opaque, yet writes its result into a dying operand's buffer
     rereads: bool = False  # reads each operand element many times (broadcast, pad, tile)
+    # fused into one reader and computed once there, else stored (it invalidates XLA's emitter cache)
+    fused_once: bool = False
 
     def signature(self, t: EqnTypes) -> FactorSignature:
         """The factor signature of one equation: the builder's, with this rule's linearity."""
