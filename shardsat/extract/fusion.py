@@ -179,6 +179,24 @@ def made_keys(eqn: Equation, key: Callable[[int], Hashable | None]) -> list[Hash
     return [k for o in eqn.outputs if (k := key(o)) is not None]
 
 
+# XLA:CPU leaves a concatenation of more operands than this unfused (cpu_instruction_fusion.cc)
+MAX_FUSED_CONCAT_OPERANDS = 8
+
+
+def unfused_concatenation(eqn: Equation, shape: tuple[int, ...], itemsize: int) -> bool:
+    """Is this a concatenation XLA:CPU runs as a copy of its own (its operands and result are
+    buffers)? One along the minor dimension (at least 64 bytes along it, 2 KiB in all: fused,
+    it would branch in the innermost loop) or of more than 8 operands. `shape`: the result's."""
+    if eqn.name != "concatenate":
+        return False
+    if len(eqn.inputs) > MAX_FUSED_CONCAT_OPERANDS:
+        return True
+    d, n = int(eqn.params.get("dimension", -1)), 1
+    for s in shape:
+        n *= int(s)
+    return len(shape) > 1 and d == len(shape) - 1 and shape[d] * itemsize >= 64 and n * itemsize >= 2048
+
+
 def may_transpose(eqn: Equation) -> bool:
     """Can XLA copy an operand of this equation into another dimension order (a dot or a
     convolution of two operands)? The copies themselves depend on the shard shapes."""

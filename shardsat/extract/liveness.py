@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from ..egraph.collectives import COLLECTIVES
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import SpaceTable
-from ..egraph.program import Equation, Literal, Program
+from ..egraph.program import Equation, Literal, Program, itemsize
 from . import fusion
 from .buffers import Allocation, Temp, heap_peak, reuse_fixed, share_inplace
 from .result import Extraction, GroupChoice
@@ -213,7 +213,8 @@ class Timeline:
         self.stored: dict[Key, bool] = {}
         for t, e in enumerate(self.seq):
             for k in self.first[t]:
-                self.stored[k] = fusion.stored(e, readers.get(k, []), k in whole, k in boundary, self.degenerate(e))
+                self.stored[k] = fusion.stored(e, readers.get(k, []), k in whole, k in boundary,
+                                               self.degenerate(e)) or self.unfused_concatenation(e)
         fusion.over_duplicated(self.seq, self.first, self.stored, self.key,  # type: ignore[arg-type]
                                lambda v: prog.values[v].shape)
         self.readers_whole = whole
@@ -233,9 +234,18 @@ class Timeline:
         shape = self.program.values[e.inputs[0]].shape
         return all(shape[int(d)] == 1 for d in e.params.get("axes", ()))
 
+    def unfused_concatenation(self, e: Equation) -> bool:
+        """fusion.unfused_concatenation, from the result's shape and dtype."""
+        if e.name != "concatenate" or not e.outputs:
+            return False
+        v = self.program.values[e.outputs[0]]
+        return fusion.unfused_concatenation(e, tuple(v.shape), itemsize(v.dtype))
+
     def _reads_whole(self, e: Equation, pos: int, a: int) -> bool:
         if self.degenerate(e):
             return False
+        if self.unfused_concatenation(e):
+            return True
         v = self.program.values[a]
         library = False
         if fusion.kind(e) == fusion.Fuse.REDUCE and pos == 0:
