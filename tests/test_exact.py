@@ -49,12 +49,13 @@ from test_equivalence import programs as random_programs
 import shardsat
 import shardsat.api as api
 from shardsat.egraph.export import ExportedGraph, NodeKind
+from shardsat.extract.agreement import agreed_bound
 from shardsat.extract.exact import solve_exact
 from shardsat.extract.greedy import Extractor
 from shardsat.extract.plancost import cost_plan
 from shardsat.extract.result import Extraction
 from shardsat.extract.search import Problem
-from shardsat.extract.splitbound import split_bound
+from shardsat.extract.splitbound import split_bound, split_rounds
 from shardsat.rules.reshard import ReshardEdge
 from shardsat.runtime.plan import Plan
 from shardsat.testing import check_plan
@@ -356,6 +357,13 @@ class Synthetic:
         ex = Extractor(self.graph, self.node_cost, list(range(self.graph.num_groups)), spaces, edges, model)
         return split_bound(ex, self.roots)
 
+    def agreed_bound(self, target: float) -> float:
+        """The split bound raised by agreement prices, stepping towards `target` (a plan's cost)."""
+        model, spaces, edges = self.tables()
+        ex = Extractor(self.graph, self.node_cost, list(range(self.graph.num_groups)), spaces, edges, model)
+        rounds = split_rounds(ex.graph, self.roots, (), {}, None)
+        return agreed_bound(ex.graph, self.roots, rounds, {}, target, seconds=10.0, max_rounds=40)
+
     def brute_force(self) -> float:
         return brute_force(self.graph, self.node_cost, self.roots, PARTIAL)
 
@@ -476,6 +484,8 @@ def test_synthetic_exact_matches_brute_force_and_bounds_greedy(seed):
     assert 0.0 <= lb <= best * (1 + REL), f"seed {seed}: lower bound {lb!r} > optimum {best!r}"
     split = s.split_bound()  # operands' layouts linked to their readers (extract/splitbound.py)
     assert 0.0 <= split <= best * (1 + REL), f"seed {seed}: split bound {split!r} > optimum {best!r}"
+    agreed = s.agreed_bound(greedy.total_s)  # readers priced to agree on a source (extract/agreement.py)
+    assert split * (1 - REL) <= agreed <= best * (1 + REL), f"seed {seed}: agreed {agreed!r} > optimum {best!r}"
 
 
 # Regression: the objective was scaled by a fixed 1e6, so HiGHS's absolute tolerances accepted

@@ -38,6 +38,11 @@ FAMILY_RELEASED = 1
 # the split bound (extract/splitbound.py) costs ~0.4 s per round on a 2x2x2 GPT step's 1.2M e-nodes
 # (107k productions), three rounds with loop-carried state: beyond this, the per-value one alone
 SPLIT_BOUND_NODES = 2_000_000
+# ... raised by agreement prices (extract/agreement.py) for this share of the search's own time
+# (rounds of ~0.05 s on a 2-layer GPT step's 49k e-nodes, ~0.3 s on 2x2x2's ~300k), and at least
+# AGREEMENT_MIN_S
+AGREEMENT_SHARE = 0.15
+AGREEMENT_MIN_S = 0.05
 # priors="auto" narrows each value's layouts (egraph/narrow.py) when the program (folded) has
 # more (value, layout) pairs than this: 4-layer GPT / llama steps have 83k / 118k on 2x2x2 (1.3 M
 # / 1.9 M e-nodes, planned whole), 80k / 111k on 4x4x4, and 389k-594k on 2x2x2x2 and 2x2x2x4,
@@ -74,6 +79,7 @@ class SearchPolicy:
     whole_tp_in_full: bool  # ... and tensor parallelism over the whole mesh completed in full
     bound: bool  # the plan's lower bound and gap are computed
     split_bound: bool  # ... with the split bound too, else the per-value bound alone
+    agreement_share: float  # ... raised by agreement prices for this share of the search's time
 
     @classmethod
     def derive(cls, method: str, nodes: int, active_axes: int, exact_seconds: float = EXACT_SECONDS) -> SearchPolicy:
@@ -94,6 +100,7 @@ class SearchPolicy:
             whole_tp_in_full=nodes <= FAMILY_WHOLE_TP_NODES,
             bound=True,
             split_bound=nodes <= SPLIT_BOUND_NODES,
+            agreement_share=AGREEMENT_SHARE,
         )
 
     def greedy(self, *, restarts: bool = True, bound: bool = True) -> SearchPolicy:

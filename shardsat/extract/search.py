@@ -16,14 +16,15 @@ import numpy as np
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import SpaceTable
 from ..errors import NoPlanError
+from .agreement import agreed_bound
 from .cost import CostModel
 from .exact import solve_exact
 from .families import Family
 from .greedy import EPS, Extractor
 from .memory import MemoryEstimate
-from .policy import SearchPolicy
+from .policy import AGREEMENT_MIN_S, SearchPolicy
 from .result import Extraction
-from .splitbound import split_bound
+from .splitbound import split_rounds
 
 ACTIVATION_WEIGHT = 0.25
 POLISHED = 2
@@ -90,8 +91,7 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, policy: Search
     best.explainer = ex.explain
     ex.forget_search()
     if best.gap is None and policy.bound:
-        split = split_bound(ex, p.roots, ties=p.ties, pins=p.place_pins, plan=best) if policy.split_bound else 0.0
-        bound_gap(best, max(ex.lower_bound(p.roots), split))
+        bound_gap(best, max(ex.lower_bound(p.roots), _split(p, ex, best, policy, time.perf_counter() - t0)))
     best.seconds = time.perf_counter() - t0
     return best
 
@@ -340,6 +340,17 @@ def _pressed(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction)
     if held <= 0 or not best.total_s > 0:
         return None
     return ex.with_costs(node_cost + PRESSURE * best.total_s / held * weights, p.weight)
+
+
+def _split(p: Problem, ex: Extractor, best: Extraction, policy: SearchPolicy, spent: float) -> float:
+    """The split bound, raised by agreement prices (extract/agreement.py) for a share of the
+    time the search took; 0.0 where the policy computes the per-value bound alone."""
+    if not policy.split_bound:
+        return 0.0
+    pins = p.place_pins or {}
+    rounds = split_rounds(ex.graph, p.roots, p.ties, pins, best)
+    seconds = max(AGREEMENT_MIN_S, policy.agreement_share * spent)
+    return agreed_bound(ex.graph, p.roots, rounds, pins, best.total_s, seconds)
 
 
 def bound_gap(ex: Extraction, lower_bound: float) -> None:

@@ -48,12 +48,14 @@ if TYPE_CHECKING:
     from .greedy import Extractor
 
 Roots = list[tuple[int, frozenset[int] | None]]
+CopyValues = dict[int, dict[int, np.ndarray]]  # group -> copy -> the value of one read per layout
+Prices = dict[int, dict[int, np.ndarray]]  # group -> copy -> price per source layout
 ROUNDS = 3  # multiplier vectors tried when there is loop-carried state
 _PLACE = int(NodeKind.PLACE)
 
 
 @dataclass
-class _Reads:
+class Reads:
     """Who reads each group: k_h, and per (reader group, group) the most reads by one production."""
 
     k: list[int]
@@ -61,7 +63,7 @@ class _Reads:
     readers: dict[int, list[int]]
 
     @classmethod
-    def of(cls, sg: SearchGraph, roots: Roots) -> _Reads:
+    def of(cls, sg: SearchGraph, roots: Roots) -> Reads:
         k = [0] * sg.g.num_groups
         pair: dict[tuple[int, int], int] = {}
         for p, prods in enumerate(sg.prod_any):
@@ -99,17 +101,36 @@ def split_bound(ex: Extractor, roots: Roots, passes: int = 2, ties: Sequence[tup
     `pins`; with `ties` (input group, root index), the best of `rounds` multiplier vectors, each
     round's set from the last (_next_multipliers), and from the second round on the plan's
     shares for the tied inputs where they are worth more (_plan_shares)."""
-    sg = ex.graph
-    reads = _Reads.of(sg, roots)
+    return split_rounds(ex.graph, roots, ties, pins or {}, plan, rounds, passes).bound
+
+
+@dataclass
+class SplitRounds:
+    """The best round of split_bound: its bound and the prices it was found at."""
+
+    bound: float
+    reads: Reads
+    tied: dict[int, int]
+    lam: dict[int, np.ndarray]
+    shares: dict[int, _Shares]
+    passes: int
+
+
+def split_rounds(sg: SearchGraph, roots: Roots, ties: Sequence[tuple[int, int]], pins: dict[int, frozenset[int]],
+                 plan: Extraction | None, rounds: int = ROUNDS, passes: int = 2) -> SplitRounds:
+    """split_bound's rounds, keeping the prices of the best one."""
+    reads = Reads.of(sg, roots)
     tied = _tied_inputs(sg, roots, ties)
     if all(len(a) == len(b) for a, b in zip(sg.prod, sg.prod_any, strict=True)):
         passes = 1  # no production reads a later group: a second pass changes nothing
-    pins = pins or {}
-    best, lam, shares = 0.0, {}, {}
+    lam: dict[int, np.ndarray] = {}
+    shares: dict[int, _Shares] = {}
+    best = SplitRounds(0.0, reads, tied, {}, {}, passes)
     for _ in range(max(1, rounds if tied else 1)):
-        value = _split_values(sg, reads, passes, pins, lam, shares)
-        total, root_share = _split_total(sg, roots, reads.k, value, tied, lam, shares)
-        best = max(best, total)
+        value, cv = split_values(sg, reads, passes, pins, lam, shares)
+        total, root_share, _ = split_total(sg, roots, reads.k, value, tied, lam, cv)
+        if total > best.bound:
+            best = SplitRounds(total, reads, tied, lam, shares, passes)
         lam = _next_multipliers(sg, tied, root_share, plan)
         shares = _plan_shares(sg, roots, reads, tied, lam, pins, plan) if plan is not None else {}
     return best
@@ -129,53 +150,134 @@ def _tied_inputs(sg: SearchGraph, roots: Roots, ties: Sequence[tuple[int, int]])
     return out
 
 
-def _split_values(sg: SearchGraph, reads: _Reads, passes: int, pins: dict[int, frozenset[int]],
-                  lam: dict[int, np.ndarray], shares: dict[int, _Shares]) -> list[np.ndarray | None]:
-    """B_g per group (module docstring), placements outside a group's pins left out, lam[g]
-    added to group g's productions by their layout; a group in `shares` gets a value per copy."""
-    k, pair = reads.k, reads.pair
-    value: list[np.ndarray | None] = [None] * sg.g.num_groups
+def split_values(sg: SearchGraph, reads: Reads, passes: int, pins: dict[int, frozenset[int]],
+                 lam: dict[int, np.ndarray], shares: dict[int, _Shares]) -> tuple[list[np.ndarray | None], CopyValues]:
+    """B_g per group (module docstring) and the copies' values of the groups in `shares`."""
+    dp = SplitDP(sg, reads, pins, lam, shares)
     for _ in range(passes):
         for grp in sg.order:
-            key = sg.group_key[grp]
-            if not sg.prod_any[grp] or key not in sg.paths:
-                continue
-            sp = sg.paths[key]
-            best = _sources(sg, grp, len(sp.layouts), pins.get(grp), value, k, pair, shares)
-            if grp in lam:
-                best += lam[grp]
-            src = np.flatnonzero(np.isfinite(best))
-            if not len(src):
-                continue
-            if grp in shares:
-                _copy_values(shares[grp], best, src, sg.weight_l[grp] * sp.dist[src, :])
-            value[grp] = (best[src, None] + sg.weight_l[grp] * sp.dist[src, :]).min(axis=0)
-    return value
+            dp.group(grp)
+    return dp.value, dp.cval
+
+
+@dataclass
+class SplitDP:
+    """The dynamic program's values, one group at a time: B_g, placements outside a group's pins
+    left out, lam[g] added to group g's productions by their layout; and per group in `shares`
+    or `nu` the value of one read by each copy: under its shares, or B_g / k_g plus the copy's
+    price of the source layout it reads from (nu: extract/agreement.py). `trace` records what
+    the minima chose."""
+
+    sg: SearchGraph
+    reads: Reads
+    pins: dict[int, frozenset[int]]
+    lam: dict[int, np.ndarray]
+    shares: dict[int, _Shares]
+    nu: Prices = field(default_factory=dict)
+    trace: Trace | None = None
+    value: list[np.ndarray | None] = field(default_factory=list)
+    cval: CopyValues = field(default_factory=dict)
+    kids: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # node -> (group, layout index)
+
+    def __post_init__(self) -> None:
+        self.value = [None] * self.sg.g.num_groups
+
+    def group(self, grp: int) -> None:
+        sg = self.sg
+        key = sg.group_key[grp]
+        if not sg.prod_any[grp] or key not in sg.paths:
+            return
+        sp = sg.paths[key]
+        best, nodes = _sources(sg, grp, len(sp.layouts), self.pins.get(grp), self.value, self.reads, self.cval,
+                               self.kids)
+        if grp in self.lam:
+            best += self.lam[grp]
+        src = np.flatnonzero(np.isfinite(best))
+        if not len(src):
+            self.value[grp] = None
+            return
+        base = best[src, None] + sg.weight_l[grp] * sp.dist[src, :]
+        if grp in self.shares:
+            sh = self.shares[grp]
+            _copy_values(sh, best, src, sg.weight_l[grp] * sp.dist[src, :])
+            self.cval[grp] = {c: sh.value[c] / m for c, m in zip(sh.copies, sh.reads, strict=True)}
+        self.price(grp, src, base)
+        arg = base.argmin(axis=0)
+        self.value[grp] = base[arg, np.arange(base.shape[1])]
+        if self.trace is not None:
+            self.trace.record(grp, nodes, src, arg, base)
+
+    def price(self, grp: int, src: np.ndarray, base: np.ndarray) -> None:
+        """The copies' values of a group with prices, from its sources' totals per layout, and
+        (traced) the source each copy reads each layout from."""
+        prices = self.nu.get(grp)
+        if not prices:
+            return
+        k = self.reads.k[grp]
+        vals, picks = {}, {}
+        with np.errstate(invalid="ignore"):
+            for c, m in prices.items():
+                tot = base / k + m[src, None]
+                arg = tot.argmin(axis=0)
+                vals[c] = tot[arg, np.arange(tot.shape[1])]
+                picks[c] = src[arg]
+        self.cval[grp] = vals
+        if self.trace is not None:
+            self.trace.picks[grp] = picks
+
+
+@dataclass
+class Trace:
+    """What the dynamic program chose, for walking its solution down from the roots: per group
+    the production of each source layout and the cheapest source per layout; for the groups in
+    `keep`, every source's total per layout."""
+
+    keep: frozenset[int]
+    nodes: dict[int, dict[int, int]] = field(default_factory=dict)
+    arg: dict[int, np.ndarray] = field(default_factory=dict)  # layout index -> source index
+    base: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # (sources, totals)
+    picks: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)  # priced: copy -> layout -> source
+
+    def record(self, grp: int, nodes: dict[int, int], src: np.ndarray, arg: np.ndarray, base: np.ndarray) -> None:
+        self.nodes[grp] = nodes
+        self.arg[grp] = src[arg]
+        if grp in self.keep:
+            self.base[grp] = (src, base)
 
 
 def _sources(sg: SearchGraph, grp: int, size: int, pin: frozenset[int] | None, value: list[np.ndarray | None],
-             k: list[int], pair: dict[tuple[int, int], int], shares: dict[int, _Shares]) -> np.ndarray:
-    """Per source layout of `grp`: its cheapest production with its operands' shares."""
+             reads: Reads, cval: CopyValues, kids: dict[int, tuple[tuple[int, int], ...]] | None = None
+             ) -> tuple[np.ndarray, dict[int, int]]:
+    """Per source layout of `grp`: its cheapest production with its operands' shares, and that
+    production (by source layout index). `kids`: each node's operands with their layouts' row
+    indices, filled on first use (for repeated evaluations)."""
     best = np.full(size, np.inf)
+    nodes: dict[int, int] = {}
     index = sg.paths[sg.group_key[grp]].index
     kinds, node_b = sg.g.node_kind, sg.g.node_b
+    k = reads.k
+    kids = {} if kids is None else kids
     for n in sg.prod_any[grp]:
         if pin is not None and int(kinds[n]) == _PLACE and int(node_b[n]) not in pin:
             continue
         s = sg.cost_l[n]
-        for h, lay in sg.kid_gl[n]:
-            if h in shares:
-                vc = shares[h].value.get(grp)
+        ops = kids.get(n)
+        if ops is None:
+            ops = kids[n] = tuple((h, sg.paths[sg.group_key[h]].index[lay]) for h, lay in sg.kid_gl[n])
+        for h, j in ops:
+            if h in cval:
+                vc = cval[h].get(grp)
                 if vc is not None:
-                    s += vc[sg.paths[sg.group_key[h]].index[lay]] / pair[(grp, h)]
+                    s += vc[j]
                 continue
             vh = value[h]
             if vh is not None and k[h]:
-                s += vh[sg.paths[sg.group_key[h]].index[lay]] / k[h]
+                s += vh[j] / k[h]
         i = index[sg.node_layout[n]]
         if s < best[i]:
             best[i] = s
-    return best
+            nodes[i] = n
+    return best, nodes
 
 
 def _copy_values(sh: _Shares, best: np.ndarray, src: np.ndarray, dist: np.ndarray) -> None:
@@ -187,30 +289,33 @@ def _copy_values(sh: _Shares, best: np.ndarray, src: np.ndarray, dist: np.ndarra
     sh.value = dict(zip(sh.copies, (cost + move).min(axis=1), strict=True))
 
 
-def _split_total(sg: SearchGraph, roots: Roots, k: list[int], value: list[np.ndarray | None],
-                 tied: dict[int, int], lam: dict[int, np.ndarray], shares: dict[int, _Shares]
-                 ) -> tuple[float, dict[int, np.ndarray]]:
+def split_total(sg: SearchGraph, roots: Roots, k: list[int], value: list[np.ndarray | None],
+                 tied: dict[int, int], lam: dict[int, np.ndarray], cval: CopyValues
+                 ) -> tuple[float, dict[int, np.ndarray], list[int | None]]:
     """The bound: each root's share in its cheapest allowed layout, less the multiplier of a
-    tied input there; and each tied root's share per layout (inf where not allowed)."""
+    tied input there; each tied root's share per layout (inf where not allowed); and each
+    root's layout index there (None where it adds nothing)."""
     total = 0.0
     root_share: dict[int, np.ndarray] = {}
+    picks: list[int | None] = []
     for r, (grp, lays) in enumerate(roots):
-        vg = shares[grp].value.get(-1 - r) if grp in shares else value[grp]
+        picks.append(None)
+        vg = cval[grp].get(-1 - r) if grp in cval else value[grp]
         if vg is None or not k[grp]:
             continue
-        if grp in shares:
-            vg = vg * k[grp]  # a copy's own share, not B_g
         sp = sg.paths[sg.group_key[grp]]
         ok = _allowed(sg, grp, lays)
         if not ok:
             continue
         share = np.full(len(sp.layouts), np.inf)
-        share[ok] = vg[ok] / k[grp]
+        share[ok] = vg[ok] if grp in cval else vg[ok] / k[grp]
         h = tied.get(r)
         if h is not None:
             root_share[r] = share
-        total += float(np.min(share - lam[h])) if h is not None and h in lam else float(np.min(share))
-    return (total, root_share) if np.isfinite(total) else (0.0, root_share)
+        priced = share - lam[h] if h is not None and h in lam else share
+        picks[-1] = int(np.argmin(priced))
+        total += float(priced[picks[-1]])
+    return (total, root_share, picks) if np.isfinite(total) else (0.0, root_share, picks)
 
 
 def _allowed(sg: SearchGraph, grp: int, lays: frozenset[int] | None) -> list[int]:
@@ -241,7 +346,7 @@ def _next_multipliers(sg: SearchGraph, tied: dict[int, int], root_share: dict[in
     return lam
 
 
-def _plan_shares(sg: SearchGraph, roots: Roots, reads: _Reads, tied: dict[int, int], lam: dict[int, np.ndarray],
+def _plan_shares(sg: SearchGraph, roots: Roots, reads: Reads, tied: dict[int, int], lam: dict[int, np.ndarray],
                  pins: dict[int, frozenset[int]], plan: Extraction) -> dict[int, _Shares]:
     """Shares for the tied inputs where the plan's reads are worth more under them than 1/k_h."""
     out: dict[int, _Shares] = {}
@@ -249,7 +354,7 @@ def _plan_shares(sg: SearchGraph, roots: Roots, reads: _Reads, tied: dict[int, i
         if h not in lam or h not in plan.choices:
             continue
         sp = sg.paths[sg.group_key[h]]
-        cost = _sources(sg, h, len(sp.layouts), pins.get(h), [], reads.k, reads.pair, {}) + lam[h]
+        cost = _sources(sg, h, len(sp.layouts), pins.get(h), [], reads, {})[0] + lam[h]
         copies = reads.readers.get(h, []) + [-1 - r for r, (grp, _) in enumerate(roots) if grp == h]
         demand = [_plan_reads(sg, roots, plan, h, c) for c in copies]
         if not any(demand) or not np.isfinite(cost).any():
