@@ -20,8 +20,9 @@ from shardsat.extract.splitbound import split_bound, split_rounds
 S = jax.ShapeDtypeStruct
 
 
-def planned(monkeypatch, fn, mesh, *args, **kw):
-    """The plan, and the bound of its problem: split_bound with and without the ties."""
+def planned(monkeypatch, fn, mesh, *args, rounds=40, **kw):
+    """The plan, and the bounds of its problem: split_bound with and without the ties, and with
+    `rounds` rounds of agreement prices."""
     seen = {}
     real = api.best_plan
 
@@ -37,8 +38,8 @@ def planned(monkeypatch, fn, mesh, *args, **kw):
     tied = split_bound(ex, p.roots, ties=p.ties, pins=p.place_pins, plan=plan.extraction)
     plain = split_bound(ex, p.roots, pins=p.place_pins)
     pins = p.place_pins or {}
-    rounds = split_rounds(ex.graph, p.roots, p.ties, pins, plan.extraction)
-    agreed = agreed_bound(ex.graph, p.roots, rounds, pins, plan.extraction.total_s, seconds=30.0, max_rounds=40)
+    split = split_rounds(ex.graph, p.roots, p.ties, pins, plan.extraction)
+    agreed = agreed_bound(ex.graph, p.roots, split, plan.extraction.total_s, float("inf"), max_rounds=rounds)
     return plan, tied, plain, agreed
 
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .searchgraph import SearchGraph
-from .splitbound import Prices, Reads, Roots, SplitDP, SplitRounds, Trace, split_total
+from .splitbound import SplitRounds, split_total
+from .splitdp import Prices, Reads, Roots, SplitDP, Trace
 
 STALL = 3  # rounds without a better bound before the step halves
 THETA = 0.5  # the first step's share of Polyak's
@@ -71,15 +72,14 @@ class Agreement:
         skip = set(rounds.tied.values()) | {roots[r][0] for r in rounds.tied} | set(rounds.shares)
         copies: dict[int, list[tuple[int, int]]] = {}
         for h in exact_groups(sg, reads, roots) - skip:
-            cs = [(c, reads.pair[(c, h)]) for c in reads.readers.get(h, [])]
-            cs += [(-1 - r, 1) for r, (g, _) in enumerate(roots) if g == h]
+            cs = [(c, reads.pair[(c, h)] if c >= 0 else 1) for c in reads.copies(h, roots)]
             if len(cs) >= 2 and sg.group_key[h] in sg.paths:
                 copies[h] = cs
         return cls(copies, {h: _scale(sg, h) for h in copies})
 
 
-def agreed_bound(sg: SearchGraph, roots: Roots, rounds: SplitRounds, pins: dict[int, frozenset[int]],
-                 target: float, seconds: float, max_rounds: int = 60) -> float:
+def agreed_bound(sg: SearchGraph, roots: Roots, rounds: SplitRounds, target: float, seconds: float,
+                 max_rounds: int = 60) -> float:
     """The best of rounds.bound and the agreement-priced bounds found within `seconds`, the
     steps aimed at `target` (the plan's cost)."""
     if rounds.passes != 1:  # a cycle: values read before they are made count 0, which a negative price breaks
@@ -88,14 +88,14 @@ def agreed_bound(sg: SearchGraph, roots: Roots, rounds: SplitRounds, pins: dict[
     if not ag.copies:
         return rounds.bound
     dep = _priced_readers(sg, ag)
-    dp = SplitDP(sg, rounds.reads, pins, rounds.lam, rounds.shares, ag.nu, Trace(frozenset(ag.copies)))
+    dp = SplitDP(rounds.tables.with_copied(ag.copies), rounds.lam, rounds.shares, ag.nu, Trace(frozenset(ag.copies)))
     best, theta, stall = rounds.bound, THETA, 0
     t_end = time.perf_counter() + seconds
     for i in range(max_rounds):
         if time.perf_counter() > t_end:
             break
         _evaluate(sg, ag, dp, dep if i else None)
-        total, _, picks = split_total(sg, roots, rounds.reads.k, dp.value, rounds.tied, rounds.lam, dp.cval)
+        total, _, picks = split_total(sg, roots, rounds.reads.k, dp, rounds.tied, rounds.lam)
         if total > best * (1 + 1e-12):
             best, stall = total, 0
         else:
@@ -153,7 +153,7 @@ def _subgradient(sg: SearchGraph, roots: Roots, reads: Reads, ag: Agreement, tra
             read(grp, -1 - r, picks[r], 1.0)
     for grp in reversed(sg.order):
         for s, w in weight.get(grp, {}).items():
-            n = trace.nodes[grp].get(s)
+            n = trace.node(grp, s) if grp in trace.totals else None
             for h, lay in sg.kid_gl[n] if n is not None else ():
                 if value[h] is not None and k[h]:
                     read(h, grp, sg.paths[sg.group_key[h]].index[lay], w)

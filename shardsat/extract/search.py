@@ -350,7 +350,7 @@ def _split(p: Problem, ex: Extractor, best: Extraction, policy: SearchPolicy, sp
     pins = p.place_pins or {}
     rounds = split_rounds(ex.graph, p.roots, p.ties, pins, best)
     seconds = max(AGREEMENT_MIN_S, policy.agreement_share * spent)
-    return agreed_bound(ex.graph, p.roots, rounds, pins, best.total_s, seconds)
+    return agreed_bound(ex.graph, p.roots, rounds, best.total_s, seconds)
 
 
 def bound_gap(ex: Extraction, lower_bound: float) -> None:

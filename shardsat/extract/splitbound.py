@@ -33,9 +33,8 @@ Two refinements keep it valid and make it see what training steps pay:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,55 +42,13 @@ import numpy as np
 from ..egraph.export import NodeKind
 from .result import Extraction
 from .searchgraph import SearchGraph
+from .splitdp import Reads, Roots, Shares, SplitDP, SplitTables
 
 if TYPE_CHECKING:
     from .greedy import Extractor
 
-Roots = list[tuple[int, frozenset[int] | None]]
-CopyValues = dict[int, dict[int, np.ndarray]]  # group -> copy -> the value of one read per layout
-Prices = dict[int, dict[int, np.ndarray]]  # group -> copy -> price per source layout
 ROUNDS = 3  # multiplier vectors tried when there is loop-carried state
 _PLACE = int(NodeKind.PLACE)
-
-
-@dataclass
-class Reads:
-    """Who reads each group: k_h, and per (reader group, group) the most reads by one production."""
-
-    k: list[int]
-    pair: dict[tuple[int, int], int]
-    readers: dict[int, list[int]]
-
-    @classmethod
-    def of(cls, sg: SearchGraph, roots: Roots) -> Reads:
-        k = [0] * sg.g.num_groups
-        pair: dict[tuple[int, int], int] = {}
-        for p, prods in enumerate(sg.prod_any):
-            most: Counter[int] = Counter()
-            for n in prods:
-                for h, c in Counter(h for h, _ in sg.kid_gl[n]).items():
-                    most[h] = max(most[h], c)
-            for h, c in most.items():
-                k[h] += c
-                pair[(p, h)] = c
-        for grp, _ in roots:
-            k[grp] += 1
-        readers: dict[int, list[int]] = {}
-        for p, h in pair:
-            readers.setdefault(h, []).append(p)
-        return cls(k, pair, readers)
-
-
-@dataclass
-class _Shares:
-    """Per-source-layout shares of one group among its copies: readers (group ids) and roots
-    (encoded -1 - root index); gamma splits its production's cost, beta its resharding."""
-
-    copies: list[int]
-    reads: list[int]  # per copy: the most reads by one production (1 for a root)
-    gamma: np.ndarray  # [copies, layouts]
-    beta: np.ndarray
-    value: dict[int, np.ndarray] = field(default_factory=dict)  # copy -> its share per layout
 
 
 def split_bound(ex: Extractor, roots: Roots, passes: int = 2, ties: Sequence[tuple[int, int]] = (),
@@ -112,8 +69,9 @@ class SplitRounds:
     reads: Reads
     tied: dict[int, int]
     lam: dict[int, np.ndarray]
-    shares: dict[int, _Shares]
+    shares: dict[int, Shares]
     passes: int
+    tables: SplitTables
 
 
 def split_rounds(sg: SearchGraph, roots: Roots, ties: Sequence[tuple[int, int]], pins: dict[int, frozenset[int]],
@@ -124,15 +82,19 @@ def split_rounds(sg: SearchGraph, roots: Roots, ties: Sequence[tuple[int, int]],
     if all(len(a) == len(b) for a, b in zip(sg.prod, sg.prod_any, strict=True)):
         passes = 1  # no production reads a later group: a second pass changes nothing
     lam: dict[int, np.ndarray] = {}
-    shares: dict[int, _Shares] = {}
-    best = SplitRounds(0.0, reads, tied, {}, {}, passes)
+    shares: dict[int, Shares] = {}
+    tables = SplitTables(sg, reads, roots, pins, tied.values())
+    best = SplitRounds(0.0, reads, tied, {}, {}, passes, tables)
     for _ in range(max(1, rounds if tied else 1)):
-        value, cv = split_values(sg, reads, passes, pins, lam, shares)
-        total, root_share, _ = split_total(sg, roots, reads.k, value, tied, lam, cv)
+        dp = SplitDP(tables, lam, shares)
+        for _ in range(passes):
+            for grp in sg.order:
+                dp.group(grp)
+        total, root_share, _ = split_total(sg, roots, reads.k, dp, tied, lam)
         if total > best.bound:
-            best = SplitRounds(total, reads, tied, lam, shares, passes)
+            best = SplitRounds(total, reads, tied, lam, shares, passes, tables)
         lam = _next_multipliers(sg, tied, root_share, plan)
-        shares = _plan_shares(sg, roots, reads, tied, lam, pins, plan) if plan is not None else {}
+        shares = _plan_shares(sg, roots, dp, tied, lam, plan) if plan is not None else {}
     return best
 
 
@@ -150,148 +112,8 @@ def _tied_inputs(sg: SearchGraph, roots: Roots, ties: Sequence[tuple[int, int]])
     return out
 
 
-def split_values(sg: SearchGraph, reads: Reads, passes: int, pins: dict[int, frozenset[int]],
-                 lam: dict[int, np.ndarray], shares: dict[int, _Shares]) -> tuple[list[np.ndarray | None], CopyValues]:
-    """B_g per group (module docstring) and the copies' values of the groups in `shares`."""
-    dp = SplitDP(sg, reads, pins, lam, shares)
-    for _ in range(passes):
-        for grp in sg.order:
-            dp.group(grp)
-    return dp.value, dp.cval
-
-
-@dataclass
-class SplitDP:
-    """The dynamic program's values, one group at a time: B_g, placements outside a group's pins
-    left out, lam[g] added to group g's productions by their layout; and per group in `shares`
-    or `nu` the value of one read by each copy: under its shares, or B_g / k_g plus the copy's
-    price of the source layout it reads from (nu: extract/agreement.py). `trace` records what
-    the minima chose."""
-
-    sg: SearchGraph
-    reads: Reads
-    pins: dict[int, frozenset[int]]
-    lam: dict[int, np.ndarray]
-    shares: dict[int, _Shares]
-    nu: Prices = field(default_factory=dict)
-    trace: Trace | None = None
-    value: list[np.ndarray | None] = field(default_factory=list)
-    cval: CopyValues = field(default_factory=dict)
-    kids: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # node -> (group, layout index)
-
-    def __post_init__(self) -> None:
-        self.value = [None] * self.sg.g.num_groups
-
-    def group(self, grp: int) -> None:
-        sg = self.sg
-        key = sg.group_key[grp]
-        if not sg.prod_any[grp] or key not in sg.paths:
-            return
-        sp = sg.paths[key]
-        best, nodes = _sources(sg, grp, len(sp.layouts), self.pins.get(grp), self.value, self.reads, self.cval,
-                               self.kids)
-        if grp in self.lam:
-            best += self.lam[grp]
-        src = np.flatnonzero(np.isfinite(best))
-        if not len(src):
-            self.value[grp] = None
-            return
-        base = best[src, None] + sg.weight_l[grp] * sp.dist[src, :]
-        if grp in self.shares:
-            sh = self.shares[grp]
-            _copy_values(sh, best, src, sg.weight_l[grp] * sp.dist[src, :])
-            self.cval[grp] = {c: sh.value[c] / m for c, m in zip(sh.copies, sh.reads, strict=True)}
-        self.price(grp, src, base)
-        arg = base.argmin(axis=0)
-        self.value[grp] = base[arg, np.arange(base.shape[1])]
-        if self.trace is not None:
-            self.trace.record(grp, nodes, src, arg, base)
-
-    def price(self, grp: int, src: np.ndarray, base: np.ndarray) -> None:
-        """The copies' values of a group with prices, from its sources' totals per layout, and
-        (traced) the source each copy reads each layout from."""
-        prices = self.nu.get(grp)
-        if not prices:
-            return
-        k = self.reads.k[grp]
-        vals, picks = {}, {}
-        with np.errstate(invalid="ignore"):
-            for c, m in prices.items():
-                tot = base / k + m[src, None]
-                arg = tot.argmin(axis=0)
-                vals[c] = tot[arg, np.arange(tot.shape[1])]
-                picks[c] = src[arg]
-        self.cval[grp] = vals
-        if self.trace is not None:
-            self.trace.picks[grp] = picks
-
-
-@dataclass
-class Trace:
-    """What the dynamic program chose, for walking its solution down from the roots: per group
-    the production of each source layout and the cheapest source per layout; for the groups in
-    `keep`, every source's total per layout."""
-
-    keep: frozenset[int]
-    nodes: dict[int, dict[int, int]] = field(default_factory=dict)
-    arg: dict[int, np.ndarray] = field(default_factory=dict)  # layout index -> source index
-    base: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # (sources, totals)
-    picks: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)  # priced: copy -> layout -> source
-
-    def record(self, grp: int, nodes: dict[int, int], src: np.ndarray, arg: np.ndarray, base: np.ndarray) -> None:
-        self.nodes[grp] = nodes
-        self.arg[grp] = src[arg]
-        if grp in self.keep:
-            self.base[grp] = (src, base)
-
-
-def _sources(sg: SearchGraph, grp: int, size: int, pin: frozenset[int] | None, value: list[np.ndarray | None],
-             reads: Reads, cval: CopyValues, kids: dict[int, tuple[tuple[int, int], ...]] | None = None
-             ) -> tuple[np.ndarray, dict[int, int]]:
-    """Per source layout of `grp`: its cheapest production with its operands' shares, and that
-    production (by source layout index). `kids`: each node's operands with their layouts' row
-    indices, filled on first use (for repeated evaluations)."""
-    best = np.full(size, np.inf)
-    nodes: dict[int, int] = {}
-    index = sg.paths[sg.group_key[grp]].index
-    kinds, node_b = sg.g.node_kind, sg.g.node_b
-    k = reads.k
-    kids = {} if kids is None else kids
-    for n in sg.prod_any[grp]:
-        if pin is not None and int(kinds[n]) == _PLACE and int(node_b[n]) not in pin:
-            continue
-        s = sg.cost_l[n]
-        ops = kids.get(n)
-        if ops is None:
-            ops = kids[n] = tuple((h, sg.paths[sg.group_key[h]].index[lay]) for h, lay in sg.kid_gl[n])
-        for h, j in ops:
-            if h in cval:
-                vc = cval[h].get(grp)
-                if vc is not None:
-                    s += vc[j]
-                continue
-            vh = value[h]
-            if vh is not None and k[h]:
-                s += vh[j] / k[h]
-        i = index[sg.node_layout[n]]
-        if s < best[i]:
-            best[i] = s
-            nodes[i] = n
-    return best, nodes
-
-
-def _copy_values(sh: _Shares, best: np.ndarray, src: np.ndarray, dist: np.ndarray) -> None:
-    """Each copy's share per layout l: min over sources s of gamma(s) best(s) + beta(s) dist(s, l)."""
-    g, b = sh.gamma[:, src], sh.beta[:, src]
-    with np.errstate(invalid="ignore"):  # a zero share of an unreachable layout: 0, not nan
-        cost = np.where(g > 0, g * best[src], 0.0)[:, :, None]
-        move = np.where(b[:, :, None] > 0, b[:, :, None] * dist[None], 0.0)
-    sh.value = dict(zip(sh.copies, (cost + move).min(axis=1), strict=True))
-
-
-def split_total(sg: SearchGraph, roots: Roots, k: list[int], value: list[np.ndarray | None],
-                 tied: dict[int, int], lam: dict[int, np.ndarray], cval: CopyValues
-                 ) -> tuple[float, dict[int, np.ndarray], list[int | None]]:
+def split_total(sg: SearchGraph, roots: Roots, k: list[int], dp: SplitDP, tied: dict[int, int],
+                lam: dict[int, np.ndarray]) -> tuple[float, dict[int, np.ndarray], list[int | None]]:
     """The bound: each root's share in its cheapest allowed layout, less the multiplier of a
     tied input there; each tied root's share per layout (inf where not allowed); and each
     root's layout index there (None where it adds nothing)."""
@@ -300,7 +122,8 @@ def split_total(sg: SearchGraph, roots: Roots, k: list[int], value: list[np.ndar
     picks: list[int | None] = []
     for r, (grp, lays) in enumerate(roots):
         picks.append(None)
-        vg = cval[grp].get(-1 - r) if grp in cval else value[grp]
+        copied = grp in dp.tables.copy_off
+        vg = dp.copy_value(grp, -1 - r) if copied else dp.value[grp]
         if vg is None or not k[grp]:
             continue
         sp = sg.paths[sg.group_key[grp]]
@@ -308,7 +131,7 @@ def split_total(sg: SearchGraph, roots: Roots, k: list[int], value: list[np.ndar
         if not ok:
             continue
         share = np.full(len(sp.layouts), np.inf)
-        share[ok] = vg[ok] if grp in cval else vg[ok] / k[grp]
+        share[ok] = vg[ok] if copied else vg[ok] / k[grp]
         h = tied.get(r)
         if h is not None:
             root_share[r] = share
@@ -346,24 +169,26 @@ def _next_multipliers(sg: SearchGraph, tied: dict[int, int], root_share: dict[in
     return lam
 
 
-def _plan_shares(sg: SearchGraph, roots: Roots, reads: Reads, tied: dict[int, int], lam: dict[int, np.ndarray],
-                 pins: dict[int, frozenset[int]], plan: Extraction) -> dict[int, _Shares]:
-    """Shares for the tied inputs where the plan's reads are worth more under them than 1/k_h."""
-    out: dict[int, _Shares] = {}
+def _plan_shares(sg: SearchGraph, roots: Roots, dp: SplitDP, tied: dict[int, int], lam: dict[int, np.ndarray],
+                 plan: Extraction) -> dict[int, Shares]:
+    """Shares for the tied inputs where the plan's reads are worth more under them than 1/k_h
+    (a tied input is placed: its sources' costs are its placements', the same in every round)."""
+    out: dict[int, Shares] = {}
+    reads = dp.tables.reads
     for h in tied.values():
         if h not in lam or h not in plan.choices:
             continue
         sp = sg.paths[sg.group_key[h]]
-        cost = _sources(sg, h, len(sp.layouts), pins.get(h), [], reads, {})[0] + lam[h]
-        copies = reads.readers.get(h, []) + [-1 - r for r, (grp, _) in enumerate(roots) if grp == h]
+        cost = dp.sources(h)[0] + lam[h]
+        copies = reads.copies(h, roots)
         demand = [_plan_reads(sg, roots, plan, h, c) for c in copies]
         if not any(demand) or not np.isfinite(cost).any():
             continue
         counts = [reads.pair[(c, h)] if c >= 0 else 1 for c in copies]
         even = np.outer(np.asarray(counts, float) / reads.k[h], np.ones(len(sp.layouts)))
-        guided = _Shares(copies, counts, *_nearest_farthest(sp.dist, demand))
+        guided = Shares(copies, counts, *_nearest_farthest(sp.dist, demand))
         dist = sg.weight_l[h] * sp.dist
-        if _worth(guided, cost, dist, demand) > _worth(_Shares(copies, counts, even, even), cost, dist, demand):
+        if _worth(guided, cost, dist, demand) > _worth(Shares(copies, counts, even, even), cost, dist, demand):
             out[h] = guided
     return out
 
@@ -394,8 +219,8 @@ def _nearest_farthest(dist: np.ndarray, demand: list[list[int]]) -> tuple[np.nda
     return gamma, beta
 
 
-def _worth(sh: _Shares, cost: np.ndarray, dist: np.ndarray, demand: list[list[int]]) -> float:
+def _worth(sh: Shares, cost: np.ndarray, dist: np.ndarray, demand: list[list[int]]) -> float:
     """The copies' shares summed at the plan's reads."""
     src = np.flatnonzero(np.isfinite(cost))
-    _copy_values(sh, cost, src, dist[src, :])
+    sh.compute(cost, src, dist[src, :])
     return sum(sh.value[c][j] / m for c, m, d in zip(sh.copies, sh.reads, demand, strict=True) for j in d)
