@@ -67,9 +67,9 @@ class Agreement:
 
     @classmethod
     def of(cls, sg: SearchGraph, roots: Roots, rounds: SplitRounds) -> Agreement:
-        """Exact groups with two copies or more, outside the ties (their own prices stay)."""
+        """Exact groups with two copies or more, but the roots a tie subtracts its multiplier at."""
         reads = rounds.reads
-        skip = set(rounds.tied.values()) | {roots[r][0] for r in rounds.tied} | set(rounds.shares)
+        skip = {roots[r][0] for r in rounds.tied}
         copies: dict[int, list[tuple[int, int]]] = {}
         for h in exact_groups(sg, reads, roots) - skip:
             cs = [(c, reads.pair[(c, h)] if c >= 0 else 1) for c in reads.copies(h, roots)]
@@ -126,7 +126,7 @@ def _evaluate(sg: SearchGraph, ag: Agreement, dp: SplitDP, dep: set[int] | None)
         if dep is None or grp in dep:
             dp.group(grp)
         elif grp in ag.copies and dp.trace is not None and grp in dp.trace.base:
-            dp.price(grp, *dp.trace.base[grp])
+            dp.copies(grp, *dp.trace.base[grp])
 
 
 def _subgradient(sg: SearchGraph, roots: Roots, reads: Reads, ag: Agreement, trace: Trace,

@@ -29,6 +29,9 @@ Two refinements keep it valid and make it see what training steps pay:
   readers say a better one: a source layout's cost goes to the reader that reads it (nearest),
   and its resharding to the reader farthest from it (the tree is at least its longest path).
   It is used where, at the plan's reads, it is worth more than 1/k_h.
+
+The dynamic program itself is extract/splitdp.py; extract/agreement.py raises the bound further
+by pricing the readers of a shared value until they agree on the layout it is made in.
 """
 
 from __future__ import annotations

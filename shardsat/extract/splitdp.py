@@ -70,11 +70,15 @@ class Shares:
 
     def compute(self, best: np.ndarray, src: np.ndarray, dist: np.ndarray) -> None:
         """Each copy's share per layout l: min over sources s of gamma(s) best(s) + beta(s) dist(s, l)."""
+        self.value = dict(zip(self.copies, self.totals(best, src, dist).min(axis=1), strict=True))
+
+    def totals(self, best: np.ndarray, src: np.ndarray, dist: np.ndarray) -> np.ndarray:
+        """Per copy, source and layout: gamma(s) best(s) + beta(s) dist(s, l)."""
         g, b = self.gamma[:, src], self.beta[:, src]
         with np.errstate(invalid="ignore"):  # a zero share of an unreachable layout: 0, not nan
             cost = np.where(g > 0, g * best[src], 0.0)[:, :, None]
             move = np.where(b[:, :, None] > 0, b[:, :, None] * dist[None], 0.0)
-        self.value = dict(zip(self.copies, (cost + move).min(axis=1), strict=True))
+        return cost + move
 
 
 @dataclass
@@ -172,7 +176,7 @@ class Trace:
     keep: frozenset[int]
     totals: dict[int, tuple[_Rows, np.ndarray, np.ndarray]] = field(default_factory=dict)  # rows, totals, minima
     arg: dict[int, np.ndarray] = field(default_factory=dict)  # layout index -> source index
-    base: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # (sources, totals)
+    base: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)  # (best, src, totals)
     picks: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)  # copy -> layout -> source
 
     _nodes: dict[int, dict[int, int | None]] = field(default_factory=dict)  # grp -> source -> node()
@@ -187,13 +191,13 @@ class Trace:
             known[src] = int(rows.nodes[hit[0]]) if len(hit) and np.isfinite(raw[src]) else None
         return known[src]
 
-    def record(self, grp: int, rows: _Rows, s: np.ndarray, raw: np.ndarray, src: np.ndarray, arg: np.ndarray,
-               base: np.ndarray) -> None:
+    def record(self, grp: int, rows: _Rows, s: np.ndarray, raw: np.ndarray, best: np.ndarray, src: np.ndarray,
+               arg: np.ndarray, base: np.ndarray) -> None:
         self._nodes.pop(grp, None)
         self.totals[grp] = (rows, s, raw)
         self.arg[grp] = src[arg]
         if grp in self.keep:
-            self.base[grp] = (src, base)
+            self.base[grp] = (best, src, base)
 
 
 @dataclass
@@ -258,9 +262,9 @@ class SplitDP:
         else:
             arg = base.argmin(axis=0)
             self.flat[o:o + size] = base[arg, np.arange(size)]
-            self.trace.record(grp, rows, s, raw, src, arg, base)
+            self.trace.record(grp, rows, s, raw, best, src, arg, base)
         self.value[grp] = self.flat[o:o + size]
-        self._copies(grp, best, src, base)
+        self.copies(grp, best, src, base)
 
     def _clear(self, grp: int) -> None:
         o, size = int(self.tables.off[grp]), self.tables.sizes[grp]
@@ -269,38 +273,30 @@ class SplitDP:
             self.flat[at:at + size] = 0.0
         self.value[grp] = None
 
-    def _copies(self, grp: int, best: np.ndarray, src: np.ndarray, base: np.ndarray) -> None:
-        """The copied group's value of one read per copy."""
+    def copies(self, grp: int, best: np.ndarray, src: np.ndarray, base: np.ndarray) -> None:
+        """A copied group's value of one read per copy: under its shares, else B_g / k_g; plus
+        the copy's price of the source it reads from where it has prices (traced: which)."""
         slots = self.tables.copy_off.get(grp)
         if not slots:
             return
         size, k = self.tables.sizes[grp], self.tables.reads.k[grp]
         sh = self.shares.get(grp)
+        per: dict[int, np.ndarray] = {}
         if sh is not None:
             sg = self.tables.sg
-            sh.compute(best, src, sg.weight_l[grp] * sg.paths[sg.group_key[grp]].dist[src, :])
-            for c, m in zip(sh.copies, sh.reads, strict=True):
-                self.flat[slots[c]:slots[c] + size] = sh.value[c] / m
-            return
-        self.price(grp, src, base)
+            tot = sh.totals(best, src, sg.weight_l[grp] * sg.paths[sg.group_key[grp]].dist[src, :])
+            per = {c: tot[i] / m for i, (c, m) in enumerate(zip(sh.copies, sh.reads, strict=True))}
         prices = self.nu.get(grp, {})
-        for c, at in slots.items():
-            if c not in prices:
-                self.flat[at:at + size] = self.value[grp] / k
-
-    def price(self, grp: int, src: np.ndarray, base: np.ndarray) -> None:
-        """The priced copies' values of a group from its sources' totals per layout, and
-        (traced) the source each copy reads each layout from."""
-        prices = self.nu.get(grp)
-        if not prices:
-            return
-        slots, size, k = self.tables.copy_off[grp], self.tables.sizes[grp], self.tables.reads.k[grp]
         picks = {}
         with np.errstate(invalid="ignore"):
-            for c, m in prices.items():
-                tot = base / k + m[src, None]
-                arg = tot.argmin(axis=0)
-                self.flat[slots[c]:slots[c] + size] = tot[arg, np.arange(tot.shape[1])]
+            for c, at in slots.items():
+                m = prices.get(c)
+                if m is None:
+                    self.flat[at:at + size] = per[c].min(axis=0) if sh is not None else self.value[grp] / k
+                    continue
+                t = (per[c] if sh is not None else base / k) + m[src, None]
+                arg = t.argmin(axis=0)
+                self.flat[at:at + size] = t[arg, np.arange(size)]
                 picks[c] = src[arg]
-        if self.trace is not None:
+        if self.trace is not None and picks:
             self.trace.picks[grp] = picks
