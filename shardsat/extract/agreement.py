@@ -30,7 +30,8 @@ from .splitbound import SplitRounds, split_total
 from .splitdp import Prices, Reads, Roots, SplitDP, Trace
 
 STALL = 3  # rounds without a better bound before the step halves
-THETA = 0.5  # the first step's share of Polyak's
+THETA = 1.0  # the first step's share of Polyak's
+MAX_ROUNDS = 60
 
 
 def exact_groups(sg: SearchGraph, reads: Reads, roots: Roots) -> set[int]:
@@ -48,12 +49,15 @@ def exact_groups(sg: SearchGraph, reads: Reads, roots: Roots) -> set[int]:
 
 
 def _scale(sg: SearchGraph, h: int) -> float:
+    """A group's step size: its typical resharding's cost, so big tensors' prices move as far
+    as their collectives cost (one step size for all converged slower, 7.6% against 4.9%)."""
     d = sg.paths[sg.group_key[h]].dist
     fin = d[np.isfinite(d) & (d > 0)]
     return float(sg.weight_l[h] * fin.mean()) if len(fin) else 0.0
 
 
 def _reads_alike(sg: SearchGraph, p: int, g: int, count: int) -> bool:
+    """Every production of `p` reads `g` exactly `count` times."""
     return all(sum(1 for h, _ in sg.kid_gl[n] if h == g) == count for n in sg.prod_any[p])
 
 
@@ -79,7 +83,7 @@ class Agreement:
 
 
 def agreed_bound(sg: SearchGraph, roots: Roots, rounds: SplitRounds, target: float, seconds: float,
-                 max_rounds: int = 60) -> float:
+                 max_rounds: int = MAX_ROUNDS) -> float:
     """The best of rounds.bound and the agreement-priced bounds found within `seconds`, the
     steps aimed at `target` (the plan's cost)."""
     if rounds.passes != 1:  # a cycle: values read before they are made count 0, which a negative price breaks
@@ -174,6 +178,7 @@ def _projected(sg: SearchGraph, h: int, copies: list[tuple[int, int]], used: dic
 
 
 def _move(sg: SearchGraph, ag: Agreement, step: dict[int, dict[int, np.ndarray]], alpha: float) -> None:
+    """Prices += alpha x each group's scale x its projected step (the sums stay 0)."""
     for h, d in step.items():
         prices = ag.nu.setdefault(h, {})
         for c, g in d.items():

@@ -91,6 +91,13 @@ class _Rows:
     lay: np.ndarray
     kid: np.ndarray  # int [productions, most operands]
     div: np.ndarray  # float, same shape
+    by_layout: dict[int, np.ndarray] = field(default_factory=dict)  # source index -> its rows, in order
+
+    def __post_init__(self) -> None:
+        order = np.argsort(self.lay, kind="stable")
+        cuts = np.flatnonzero(np.diff(self.lay[order])) + 1
+        for part in np.split(order, cuts) if len(order) else ():
+            self.by_layout[int(self.lay[part[0]])] = part
 
 
 class SplitTables:
@@ -187,8 +194,9 @@ class Trace:
         known = self._nodes.setdefault(grp, {})
         if src not in known:
             rows, s, raw = self.totals[grp]
-            hit = np.flatnonzero((rows.lay == src) & (s == raw[src]))
-            known[src] = int(rows.nodes[hit[0]]) if len(hit) and np.isfinite(raw[src]) else None
+            part = rows.by_layout.get(src)
+            ok = part is not None and np.isfinite(raw[src])
+            known[src] = int(rows.nodes[part[int(np.argmin(s[part]))]]) if ok else None
         return known[src]
 
     def record(self, grp: int, rows: _Rows, s: np.ndarray, raw: np.ndarray, best: np.ndarray, src: np.ndarray,
