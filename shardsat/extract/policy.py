@@ -42,7 +42,7 @@ SPLIT_BOUND_NODES = 2_000_000
 # and at least AGREEMENT_MIN_S: rounds of ~0.06 s on a 2-layer GPT step's 49k e-nodes (2x4), ~0.1
 # s on its 2x2x2 e-graph. A time budget, so the bound (never the plan) varies a little by machine
 AGREEMENT_SHARE = 0.2
-AGREEMENT_MIN_S = 0.05
+AGREEMENT_MIN_S = 0.02
 # priors="auto" narrows each value's layouts (egraph/narrow.py) when the program (folded) has
 # more (value, layout) pairs than this: 4-layer GPT / llama steps have 83k / 118k on 2x2x2 (1.3 M
 # / 1.9 M e-nodes, planned whole), 80k / 111k on 4x4x4, and 389k-594k on 2x2x2x2 and 2x2x2x4,
