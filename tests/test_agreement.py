@@ -38,9 +38,10 @@ def test_agreement_closes_half_the_gap_on_a_transformer_step(monkeypatch):
     assert plan.report.lower_bound_s <= cost * (1 + 1e-9)
 
 
-def _graph(prods: list[list[list[int]]], order: list[int]) -> SimpleNamespace:
+def _graph(prods: list[list[list[int]]], order: list[int], unknown: frozenset[int] = frozenset()) -> SimpleNamespace:
     """A search graph's shape alone: per group its productions, each a list of operand groups;
-    `order`: operands first."""
+    `order`: operands first; `unknown`: groups of a space without layouts (the bound's dynamic
+    program leaves them out)."""
     kid_gl, prod_any, n = {}, [], 0
     for ps in prods:
         prod_any.append([])
@@ -48,8 +49,8 @@ def _graph(prods: list[list[list[int]]], order: list[int]) -> SimpleNamespace:
             kid_gl[n] = tuple((h, 0) for h in ops)
             prod_any[-1].append(n)
             n += 1
-    return SimpleNamespace(order=order, kid_gl=kid_gl, prod_any=prod_any,
-                           g=SimpleNamespace(num_groups=len(prods)))
+    return SimpleNamespace(order=order, kid_gl=kid_gl, prod_any=prod_any, g=SimpleNamespace(num_groups=len(prods)),
+                           group_key=[g in unknown for g in range(len(prods))], paths={False: None})
 
 
 def test_a_value_with_an_optional_reader_gets_no_prices():
@@ -63,3 +64,6 @@ def test_a_value_with_an_optional_reader_gets_no_prices():
     assert exact_groups(always, Reads.of(always, roots), roots) == {0, 1, 2, 3}
     twice = _graph([[[]], [[0]], [[1, 1], [1]]], [0, 1, 2])  # read twice by one production, once by the other
     assert exact_groups(twice, Reads.of(twice, roots), roots) == {2}
+    # a reader the dynamic program leaves out (no space) would add 0, its prices with it
+    unknown = _graph([[[]], [[0]], [[1, 3], [3, 1]], [[1]]], [0, 1, 3, 2], unknown=frozenset({3}))
+    assert exact_groups(unknown, Reads.of(unknown, roots), roots) == {2}

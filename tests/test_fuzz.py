@@ -156,3 +156,13 @@ def test_a_lower_bound_above_the_plan_is_a_mismatch(monkeypatch) -> None:
     monkeypatch.setattr(execute.shardsat, "saturate_and_extract", inflated)
     out = run_case(FIRST_SEED)
     assert out.outcome == "mismatch" and "lower bound" in out.reason, (out.outcome, out.reason)
+
+
+@pytest.mark.parametrize("seed", [204, 402])
+def test_agreement_prices_keep_the_bound_below_the_plan(seed) -> None:
+    """Fuzz seeds 204 (1x8) and 402 (2x2x2) at 49d31b0: a round whose plan already agreed left a
+    subgradient of rounding noise (1e-17); Polyak's step divided by its square moved prices
+    by 1e7 s and the bound read 1e8 s above a 2 us plan. Noise now counts as agreement and no
+    step moves a price by more than the plan's cost (extract/agreement.py)."""
+    out = run_case(seed)
+    assert out.outcome in PASSING, (out.outcome, out.reason)

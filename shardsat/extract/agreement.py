@@ -32,16 +32,19 @@ from .splitdp import Prices, Reads, Roots, SplitDP, Trace
 STALL = 3  # rounds without a better bound before the step halves
 THETA = 1.0  # the first step's share of Polyak's
 MAX_ROUNDS = 60
+NOISE = 1e-9  # a projected use below this is rounding
 
 
 def exact_groups(sg: SearchGraph, reads: Reads, roots: Roots) -> set[int]:
     """Groups whose share of every plan is exactly 1: read by roots or exact groups only, by
-    every production of each reader the same number of times (readers before their operands)."""
+    every production of each reader the same number of times (readers before their operands);
+    and valued by the dynamic program (a known space, productions): a value it leaves out adds
+    0 where it holds prices, which would then not sum to 0."""
     root_count = Counter(g for g, _ in roots)
     exact: set[int] = set()
     for g in reversed(sg.order):
         readers = reads.readers.get(g, [])
-        if not readers and not root_count[g]:
+        if (not readers and not root_count[g]) or not sg.prod_any[g] or sg.group_key[g] not in sg.paths:
             continue
         if all(p != g and p in exact and _reads_alike(sg, p, g, reads.pair[(p, g)]) for p in readers):
             exact.add(g)
@@ -110,7 +113,7 @@ def agreed_bound(sg: SearchGraph, roots: Roots, rounds: SplitRounds, target: flo
         norm2 = sum(ag.scale[h] * float((g * g).sum()) for h, d in step.items() for g in d.values())
         if norm2 <= 0.0 or target <= total:
             break
-        _move(sg, ag, step, theta * (target - total) / norm2)
+        _move(sg, ag, step, theta * (target - total) / norm2, target)
     return best
 
 
@@ -166,7 +169,8 @@ def _subgradient(sg: SearchGraph, roots: Roots, reads: Reads, ag: Agreement, tra
 
 def _projected(sg: SearchGraph, h: int, copies: list[tuple[int, int]], used: dict[int, Counter[int]]
                ) -> dict[int, np.ndarray]:
-    """The copies' use of each source, projected onto sum_c reads_c nu_c(s) = 0."""
+    """The copies' use of each source, projected onto sum_c reads_c nu_c(s) = 0; rounding
+    noise (|g| < NOISE: the uses are weights of order 1) set to 0, so agreement reads as 0."""
     size = len(sg.paths[sg.group_key[h]].layouts)
     g = np.zeros((len(copies), size))
     for i, (c, _) in enumerate(copies):
@@ -174,14 +178,21 @@ def _projected(sg: SearchGraph, h: int, copies: list[tuple[int, int]], used: dic
             g[i, s] = w
     a = np.asarray([m for _, m in copies], dtype=float)
     g -= np.outer(a, a @ g) / float(a @ a)
+    g[np.abs(g) < NOISE] = 0.0
+    g -= np.outer(a, a @ g) / float(a @ a)  # the zeroing moved the sums by at most NOISE
     return {c: g[i] for i, (c, _) in enumerate(copies)}
 
 
-def _move(sg: SearchGraph, ag: Agreement, step: dict[int, dict[int, np.ndarray]], alpha: float) -> None:
-    """Prices += alpha x each group's scale x its projected step (the sums stay 0)."""
+def _move(sg: SearchGraph, ag: Agreement, step: dict[int, dict[int, np.ndarray]], alpha: float,
+          target: float) -> None:
+    """Prices += alpha x each group's scale x its projected step (the sums stay 0), the step
+    shrunk so that no price moves by more than `target`: larger prices cannot raise a bound
+    below it, and only cost the sums' precision."""
+    largest = max((ag.scale[h] * float(np.abs(g).max()) for h, d in step.items() for g in d.values()), default=0.0)
+    if largest * alpha > target:
+        alpha = target / largest
     for h, d in step.items():
         prices = ag.nu.setdefault(h, {})
         for c, g in d.items():
             g = alpha * ag.scale[h] * g
             prices[c] = prices[c] + g if c in prices else g
-
