@@ -489,7 +489,7 @@ class PlanLiveness:
         self._transposes(reads)
         self._literal_broadcasts()
         self._dense_expansions()
-        self._blocked_scans()
+        self.transient += blocked_scan_copies(self)
 
     def _literal_broadcasts(self) -> None:
         """A broadcast literal the library reductions read (Timeline._literal_broadcasts): one
@@ -779,27 +779,6 @@ class PlanLiveness:
                 masks[key] = (min(lo, born, t), max(hi, t), groups * math.prod(shard), n + 1)
         self.transient += [(lo, hi, size) for lo, hi, size, n in masks.values() if n > 1]
 
-    def _blocked_scans(self) -> None:
-        """A cumulative op XLA splits into blocks (fusion.blocked_scan) holds a copy of its
-        operand in block order while it runs, unless the operand is computed into that copy
-        (fused) or dies there: then XLA writes the copy where the operand was (a reverse
-        cumsum in a gradient; counted, the estimate was 1.30 of the compiled figure)."""
-        tl = self.tl
-        for t in tl.cumulative:
-            ks = [k for k in tl.first[t] if k in self.produced]
-            a = tl.seq[t].inputs[0]
-            k = tl.key(a) if isinstance(a, int) else None
-            if not ks or k is None or k not in self.produced or not self.stored.get(k, True):
-                continue
-            lids = tl.operand_layouts(t, self.ch)
-            src = (k, lids[0] if lids and lids[0] is not None else self.produced[k])
-            if src in self.born and self.last.get(src, t) <= t:
-                continue
-            lid = self.produced[ks[0]]
-            v = tl.program.values[tl.rep[ks[0]]]
-            if fusion.blocked_scan(tl.seq[t], tuple(tl.spaces.layouts[lid].shard_shape(v.shape, tl.spaces.mesh))):
-                self.transient.append((t, t, tl.size(ks[0], lid)))
-
     def _minor(self, k: Key, lid: int, dim: int) -> bool:
         """Does a dimension before `dim` have more than one element per shard?"""
         v = self.tl.program.values[self.tl.rep[k]]
@@ -824,6 +803,29 @@ class PlanLiveness:
         best, best_t = heap_peak(left)
         at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
         return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
+
+
+def blocked_scan_copies(live: PlanLiveness) -> list[tuple[int, int, int]]:
+    """(start, end, bytes) of the block-order copies of cumulative ops XLA splits into blocks
+    (fusion.blocked_scan): held while the op runs, unless its operand is computed into the copy
+    (fused) or dies there, where XLA writes the copy in the operand's place (a reverse cumsum in
+    a gradient: counted, the estimate was 1.30 of the compiled figure)."""
+    tl, out = live.tl, []
+    for t in tl.cumulative:
+        ks = [k for k in tl.first[t] if k in live.produced]
+        a = tl.seq[t].inputs[0]
+        k = tl.key(a) if isinstance(a, int) else None
+        if not ks or k is None or k not in live.produced or not live.stored.get(k, True):
+            continue
+        lids = tl.operand_layouts(t, live.ch)
+        src = (k, lids[0] if lids and lids[0] is not None else live.produced[k])
+        if src in live.born and live.last.get(src, t) <= t:
+            continue
+        lid = live.produced[ks[0]]
+        v = tl.program.values[tl.rep[ks[0]]]
+        if fusion.blocked_scan(tl.seq[t], tuple(tl.spaces.layouts[lid].shard_shape(v.shape, tl.spaces.mesh))):
+            out.append((t, t, tl.size(ks[0], lid)))
+    return out
 
 
 __all__ = ["Peak", "PlanLiveness", "Timeline", "execution_order"]
