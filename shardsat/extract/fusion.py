@@ -255,7 +255,6 @@ def _conv_transposed(eqn: Equation, ranks: tuple[int, ...]) -> dict[int, tuple[i
 # XLA's ReduceWindowRewriter splits a prefix scan (jax lowers cumsum, cummax, ... to a
 # reduce-window over the whole axis) into blocks of this many elements
 SCAN_BASE_LENGTH = 16
-CUMULATIVE = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"})
 
 
 def blocked_scan(eqn: Equation, shape: tuple[int, ...]) -> bool:
@@ -263,7 +262,7 @@ def blocked_scan(eqn: Equation, shape: tuple[int, ...]) -> bool:
     operand is copied into [..., blocks, 16] order and scanned within the blocks, and the block
     totals scanned again: one more operand-sized buffer beside the result (cumsum along 2048 on
     2x4: 4.3 MiB of temps, the model had 0). `shape`: the operand's shard shape."""
-    if eqn.name not in CUMULATIVE:
+    if not rule_for(eqn.primitive).prefix_scan:
         return False
     axis = int(eqn.params.get("axis", 0))
     return 0 <= axis < len(shape) and shape[axis] > SCAN_BASE_LENGTH

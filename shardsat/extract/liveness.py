@@ -25,6 +25,7 @@ from ..egraph.collectives import COLLECTIVES
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import SpaceTable
 from ..egraph.program import Equation, Literal, Program, itemsize
+from ..rules.registry import rule_for
 from . import fusion
 from .buffers import Allocation, Temp, heap_peak, reuse_fixed, share_inplace
 from .result import Extraction, GroupChoice
@@ -78,7 +79,7 @@ class Timeline:
                          for e in self.seq]
         self.literal_broadcasts = self._literal_broadcasts()
         platform = spaces.mesh.platform
-        self.cumulative = [t for t, e in enumerate(self.seq) if e.name in fusion.CUMULATIVE]
+        self.cumulative = [t for t, e in enumerate(self.seq) if rule_for(e.primitive).prefix_scan]
         self.dense = {t: ops for t, e in enumerate(self.seq) if (ops := fusion.dense_ragged_operands(e, platform))}
 
     # -- static structure ---------------------------------------------------------------------

@@ -84,7 +84,7 @@ _BUILTIN: list[PrimitiveRule] = [
     _op("reduce", p.reduce_generic, fuse=Fuse.REDUCE),  # lax.reduce with the user's combiner
     _op("argmax", p.argminmax, fuse=Fuse.REDUCE),
     _op("argmin", p.argminmax, fuse=Fuse.REDUCE),
-    *(_op(name, p.cumulative) for name in ("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")),
+    *(_op(name, p.cumulative, prefix_scan=True) for name in ("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")),
     # ---- data movement (XLA fuses most of it)
     _op("broadcast_in_dim", p.broadcast_in_dim, fusible=True, localize=result_shape("shape"),
         fuse=Fuse.CHEAP, rereads=True),

@@ -58,6 +58,9 @@ class PrimitiveRule:
     rereads: bool = False  # reads each operand element many times (broadcast, pad, tile)
     # fused into one reader and computed once there, else stored (it invalidates XLA's emitter cache)
     fused_once: bool = False
+    # a prefix scan jax lowers to a reduce-window over the whole axis (cumsum, ...), which XLA
+    # runs in blocks with a block-order copy of its operand (extract/fusion.blocked_scan)
+    prefix_scan: bool = False
 
     def signature(self, t: EqnTypes) -> FactorSignature:
         """The factor signature of one equation: the builder's, with this rule's linearity."""
