@@ -2,8 +2,8 @@
 sum, remat, lax.scan over layers (with and without jax.checkpoint), a GNN step, attention, LSTMs,
 a conv net, an embedding's scatter-add, top-k and sort, a while loop, layer norm + GELU with
 AdamW, a cond, and a vocabulary-sized cross-entropy. Each is planned free (no pins) on each mesh
-and compiled on 8 simulated CPU devices; the table is predicted / compiled per-device total
-(arguments + outputs not aliased + temps), as in benchmarks/memory.py.
+and compiled on 8 simulated CPU devices, measured and tabled as benchmarks/memory.py does
+(predicted / compiled per-device total: arguments + outputs not aliased + temps).
 
     .venv/bin/python benchmarks/memory_probe.py                        # every program, 2x4 2x2x2 1x8
     .venv/bin/python benchmarks/memory_probe.py --meshes 2,4 --only gnn  # a subset
@@ -21,7 +21,6 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,14 +30,12 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's shardsat
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import shardsat
+import memory  # benchmarks/memory.py: the same measurement and table
 
 S = jax.ShapeDtypeStruct
 F32 = jnp.float32
-LOW, HIGH = 0.95, 1.10
-MiB = 2**20
 PROGRAMS: dict[str, Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
 
 
@@ -196,37 +193,21 @@ def softmax_xent_vocab():
                                                       S((2048,), jnp.int32))
 
 
-def measure(name: str, mesh: jax.sharding.Mesh) -> str:
-    fn, args = PROGRAMS[name]()
-    t0 = time.perf_counter()
-    head = f"| {name} | {'x'.join(map(str, mesh.devices.shape))} |"
-    try:
-        plan = shardsat.saturate_and_extract(fn, mesh, *args, memory_limit=None)
-        m = plan.cost.memory
-        ma = plan.jit().lower(*args).compile().memory_analysis()
-    except Exception as e:  # a failing program is a row, not the end of the run
-        return f"{head} ERR {type(e).__name__}: {str(e)[:80]} | | | | **FAIL** |"
-    out = ma.output_size_in_bytes - ma.alias_size_in_bytes
-    comp = ma.argument_size_in_bytes + out + ma.temp_size_in_bytes
-    r = m.total / max(comp, 1)
-    mark = "" if LOW <= r <= HIGH else " **FAIL**"
-    return (f"{head} {m.activations_peak / MiB:,.1f} | {ma.temp_size_in_bytes / MiB:,.1f} | {m.total / MiB:,.1f} | "
-            f"{comp / MiB:,.1f} | {r:.3f}{mark} | {time.perf_counter() - t0:.1f} |")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--meshes", nargs="+", default=["2,4", "2,2,2", "1,8"], help="mesh shapes, e.g. 2,4")
     ap.add_argument("--only", help="programs whose name contains this")
+    ap.add_argument("--profile", default=None, help="device profile preset (default: the platform's)")
     ns = ap.parse_args(argv)
-    print("| program | mesh | temp pred | temp XLA | total pred | total XLA | pred/XLA | s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(memory.TABLE_HEADER)
     for text in ns.meshes:
         shape = tuple(int(s) for s in text.split(","))
         mesh = jax.make_mesh(shape, ("data", "model") if len(shape) == 2 else ("data", "fsdp", "model")[-len(shape):])
-        for name in PROGRAMS:
+        for name, build in PROGRAMS.items():
             if ns.only is None or ns.only in name:
-                print(measure(name, mesh), flush=True)
+                fn, args = build()
+                case = memory.Case(name, shape, "shardsat", fn, args, None, None, mesh)
+                print(memory.measure(case, ns.profile).markdown(), flush=True)
     return 0
 
 
