@@ -26,6 +26,7 @@ class Temp:
     end: int
     inplace: bool = False  # made by an op that may write into an operand dying at `start`
     tag: object = None
+    kept: bool = False  # no op writes into it as it dies (its shape in XLA is not its readers')
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Allocation:
         """No overlap in time, where an in-place op may write into the operand that dies as it
         starts (either way round)."""
         lo = t.start + 1 if t.inplace else t.start
-        return all(t.end < s or lo > e or (inplace and t.end == s) for s, e, inplace in self.busy)
+        return all(t.end < s or lo > e or (inplace and t.end == s and not t.kept) for s, e, inplace in self.busy)
 
 
 def share_inplace(temps: list[Temp]) -> None:
@@ -55,7 +56,7 @@ def share_inplace(temps: list[Temp]) -> None:
         cands = dying.get((t.start, t.size))
         while cands:
             op = cands.pop()
-            if op is not t and op.start <= t.start:
+            if op is not t and op.start <= t.start and not op.kept:
                 op.end = t.start - 1
                 break
 

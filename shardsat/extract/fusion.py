@@ -111,6 +111,8 @@ def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: b
     of them cannot fuse it; `boundary`: it leaves the program or crosses a region boundary;
     `reshape`: a reduction of size-1 dimensions only, which XLA's simplifier makes a reshape."""
     k = Fuse.CHEAP if reshape else kind(eqn)
+    if not boundary and folds_into_dots(eqn, readers):
+        return False
     if boundary or whole_read or k in (Fuse.REDUCE, Fuse.INPLACE, Fuse.OPAQUE) or not readers:
         return True
     if eqn.name == "broadcast_in_dim" and any(r.name == "reshape" for r in readers):
@@ -120,6 +122,26 @@ def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: b
     if rule_for(eqn.primitive).fused_once:
         return len({id(r) for r in readers}) > 1
     return False
+
+
+def folds_into_dots(eqn: Equation, readers: list[Equation]) -> bool:
+    """A matrix transpose read only by products without batch dimensions: XLA:CPU folds it into
+    their dimension numbers (TransposeFolding, IsRowColumnTransposeDotOperand), so it is no
+    buffer; the product reads the untransposed matrix (`x @ w.T` reads `w`)."""
+    if eqn.name != "transpose" or tuple(eqn.params.get("permutation", ())) != (1, 0) or not readers:
+        return False
+    return all(r.name == "dot_general" and not any(r.params["dimension_numbers"][1]) for r in readers)
+
+
+def flattened_product(eqn: Equation, ranks: tuple[int, ...]) -> bool:
+    """A product with several free dimensions on an operand (given the operands' ranks): XLA
+    computes it as a matrix product (DotDecomposer) whose result is a bitcast of a buffer of
+    another shape, so an elementwise reader cannot write into it as it dies
+    (CanShareOperandBufferWithUser wants equal shapes): `tanh(x @ w)` for a 3-D `x`."""
+    if eqn.name != "dot_general" or len(ranks) != 2:
+        return False
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    return ranks[0] - len(lc) - len(lb) > 1 or ranks[1] - len(rc) - len(rb) > 1
 
 
 # XLA emits a fused op at most this many times in one kernel (FusionNodeIndexingEvaluation::

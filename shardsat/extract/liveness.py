@@ -57,13 +57,13 @@ class Timeline:
         self._whole: dict[tuple[int, int], bool] = {}  # (id of an equation, operand) -> reads_whole
         self._fed: dict[int, Equation] = {}  # id of a library reduction -> the op computing its operand
         self._n_reads: dict[int, int] = {}  # value -> equations reading it
-        self._reader: dict[int, Equation] = {}  # value -> an equation reading it
+        self._readers: dict[int, list[Equation]] = {}  # value -> the equations reading it
         self._literals: dict[fusion.LiteralKey, int] = {}  # a scalar literal at a shape -> its readers
         for e in program.equations:
             for a in e.inputs:
                 if isinstance(a, int):
                     self._n_reads[a] = self._n_reads.get(a, 0) + 1
-                    self._reader[a] = e
+                    self._readers.setdefault(a, []).append(e)
             for lk in self._literal_keys(e):
                 self._literals[lk] = self._literals.get(lk, 0) + 1
         self.seq = execution_order(program)
@@ -80,6 +80,9 @@ class Timeline:
         self.literal_broadcasts = self._literal_broadcasts()
         platform = spaces.mesh.platform
         self.cumulative = [t for t, e in enumerate(self.seq) if rule_for(e.primitive).prefix_scan]
+        self.flattened = {k for t, e in enumerate(self.seq) if e.name == "dot_general"
+                          and fusion.flattened_product(e, tuple(len(program.values[a].shape) if isinstance(a, int)
+                                                                else 0 for a in e.inputs)) for k in self.first[t]}
         self.dense = {t: ops for t, e in enumerate(self.seq) if (ops := fusion.dense_ragged_operands(e, platform))}
 
     # -- static structure ---------------------------------------------------------------------
@@ -246,8 +249,8 @@ class Timeline:
     def _reads_whole(self, e: Equation, pos: int, a: int) -> bool:
         if self.degenerate(e):
             return False
-        if self.unfused_concatenation(e):
-            return True
+        if self.unfused_concatenation(e) or (e.outputs and fusion.folds_into_dots(e, self._readers.get(e.outputs[0], []))):
+            return True  # a copy; a transpose folded into the products, which read its operand whole
         v = self.program.values[a]
         library = False
         if fusion.kind(e) == fusion.Fuse.REDUCE and pos == 0:
@@ -289,7 +292,7 @@ class Timeline:
             fed = self._fed.get(id(e))
             if fed is None or not self.first[t] or not e.outputs:
                 continue
-            r = self._reader.get(e.outputs[0]) if self._n_reads.get(e.outputs[0], 0) == 1 else None
+            r = self._readers[e.outputs[0]][0] if self._n_reads.get(e.outputs[0], 0) == 1 else None
             for op in (fed, r):
                 if op is None or not fusion.ynn_literal_broadcast(op, down=op is r):
                     continue
@@ -794,7 +797,9 @@ class PlanLiveness:
         """The peak of temporaries: every stored buffer but `excluded` (arguments, constants,
         outputs) and the `extra` ones (copies), after in-place sharing and reuse of the `fixed`
         (output, donated) allocations."""
-        temps = [Temp(self.tl.size(*b), t, max(self.last.get(b, t), t), b in self.inplace, b)
+        flat = self.tl.flattened
+        temps = [Temp(self.tl.size(*b), t, max(self.last.get(b, t), t), b in self.inplace, b,
+                      b[0] in flat and b not in self.step_to)
                  for b, t in self.born.items()
                  if b not in excluded and b not in self.middles and self.is_buffer(b)]
         temps += extra
