@@ -70,6 +70,25 @@ def test_breadth_first_order_is_a_permutation_when_fused_values_ready_later_root
     assert names != [e.name for e in seq]
 
 
+def test_breadth_first_order_runs_what_reads_constants_alone_at_the_start():
+    """XLA folds ops of constants at compile time: the scatter of `-1/n` into zeros (the
+    gradient of a mean) is ready at the start, beside the first dot, not behind the chain of
+    scalar ops that makes `-1/n` (the 32k-vocabulary cross-entropy step on 2x2x2 was 0.71 of
+    the compiled peak with the scatter dated after the logits' resharding)."""
+    seq = [Eq("dot_general", (100,), (0,)), Eq("exp", (0,), (1,)), Eq("reduce_sum", (1,), (2,)),
+           Eq("neg", (), (3,)), Eq("div", (3,), (4,)), Eq("broadcast_in_dim", (4,), (5,)),
+           Eq("scatter-add", (5, 2), (6,))]
+    names = [e.name for e in bfs_order(seq, [True] * len(seq))]  # type: ignore[arg-type]
+    assert sorted(names) == sorted(e.name for e in seq)
+    assert names.index("scatter-add") > names.index("reduce_sum")  # it reads the reduction too
+    seq[-1] = Eq("scatter-add", (5,), (6,))
+    names = [e.name for e in bfs_order(seq, [True] * len(seq))]  # type: ignore[arg-type]
+    assert names.index("scatter-add") < names.index("exp"), names
+    seq[3] = Eq("neg", (101,), (3,))  # of an argument: not folded, three levels deep
+    names = [e.name for e in bfs_order(seq, [True] * len(seq))]  # type: ignore[arg-type]
+    assert names.index("scatter-add") > names.index("exp"), names
+
+
 def test_ynn_reductions_read_a_buffer_unless_the_operand_is_a_multiply_or_a_view():
     """XLA:CPU gives a large f32 sum / max / min to YNNPACK, which reads a whole buffer; a
     multiply, a broadcast or a convert is left to XLA's own fusion; small or integer

@@ -44,6 +44,16 @@ class Peak:
     live: list[tuple[Buf, int]]  # buffers live at the peak and their sizes (largest first)
 
 
+def constant_folded(seq: list[Equation], producer: dict[int, int]) -> list[bool]:
+    """Per equation: does it read constants alone (literals, or results of such equations), with
+    no effect? `producer`: value -> the position of the equation making it (none: an argument)."""
+    out = [False] * len(seq)
+    for i, e in enumerate(seq):
+        out[i] = not e.effects and all(producer.get(a, i) < i and out[producer[a]]
+                                       for a in e.inputs if isinstance(a, int))
+    return out
+
+
 class Timeline:
     """What of a program's liveness does not depend on the plan: the execution order, who reads
     what, which results XLA keeps whole. Built once per planned program; `peak` runs per plan."""
@@ -379,11 +389,14 @@ def bfs_order(seq: list[Equation], runs: list[bool]) -> list[Equation]:
     concurrency-optimised scheduler, Kahn's algorithm with a FIFO queue), which runs, for
     instance, every all-gather of a weight before the first layer. `runs[i]`: equation i is an
     instruction of its own; the others (fused into their readers, or computed before) pass
-    readiness on at once."""
+    readiness on at once, as do equations of constants alone, which XLA folds at compile time
+    (HloConstantFolding: a scatter of `-1/n` into a zero buffer, the gradient of a loss's mean,
+    is ready at the start, not after the chain of scalar ops that computes `-1/n`)."""
     producer: dict[int, int] = {}
     for i, e in enumerate(seq):
         for o in e.outputs:
             producer.setdefault(o, i)
+    runs = [r and not c for r, c in zip(runs, constant_folded(seq, producer), strict=True)]
     users: list[list[int]] = [[] for _ in seq]
     indeg = [0] * len(seq)
     last_effect = None
