@@ -66,6 +66,7 @@ class Timeline:
         self.tables = tables  # the strategies, where the graph has no children (a loaded plan)
         self._whole: dict[tuple[int, int], bool] = {}  # (id of an equation, operand) -> reads_whole
         self._fed: dict[int, Equation] = {}  # id of a library reduction -> the op computing its operand
+        self.masked: dict[int, int] = {}  # a masking multiply a library reduction reads -> its boolean operand
         self._n_reads: dict[int, int] = {}  # value -> equations reading it
         self._readers: dict[int, list[Equation]] = {}  # value -> the equations reading it
         self._literals: dict[fusion.LiteralKey, int] = {}  # a scalar literal at a shape -> its readers
@@ -268,6 +269,8 @@ class Timeline:
             library = fusion.ynn_reduce(e, v.shape, v.dtype, src, src is not None and self._masks(src))
             if library and src is not None:
                 self._fed[id(e)] = src
+                if self._masks(src) and src.outputs:
+                    self.masked[src.outputs[0]] = self._mask_operand(src)
         return fusion.reads_whole(e, pos, len(v.shape), library)
 
     def _through_view(self, a: int) -> Equation | None:
@@ -314,15 +317,17 @@ class Timeline:
 
     def _masks(self, e: Equation) -> bool:
         """A multiply by a boolean converted to a number (XLA makes it a select)."""
-        if e.name != "mul":
-            return False
+        return e.name == "mul" and self._mask_operand(e) >= 0
+
+    def _mask_operand(self, e: Equation) -> int:
+        """The value of `e`'s operand that is a boolean converted to a number, or -1."""
         for a in e.inputs:
             p = self.program.values[a].producer if isinstance(a, int) else None
             src = self.program.equations[p] if p is not None else None
             if src is not None and src.name == "convert_element_type" and isinstance(src.inputs[0], int) \
                     and self.program.values[src.inputs[0]].dtype == bool:
-                return True
-        return False
+                return a  # type: ignore[return-value]
+        return -1
 
     # -- per plan -----------------------------------------------------------------------------
     def operand_layouts(self, t: int, ch: dict[int, GroupChoice]) -> list[int | None]:
@@ -462,6 +467,8 @@ class PlanLiveness:
         self.ev: dict[Key, tuple[int, int]] = {}  # a fused value: (first, last) time its readers run
         self.transient: list[tuple[int, int, int]] = []  # (start, end, bytes) of buffers no value names
         self.copied: dict[int, dict[int, tuple[int, ...]]] = {}  # dot position -> operand -> the order XLA copies it in
+        self.gathered_in_order: set[Buf] = set()  # minor gathers copied once, into their products' order
+        self.sliced_masks: set[Buf] = set()  # booleans a library reduction reads sliced (_unmasked)
         self.copy_groups: dict[Buf, list[set[int]]] = {}  # per buffer: the dots reading each transposed copy of it
         self.middles: set[Buf] = set()  # chain steps made and read in one instant (_middles)
 
@@ -469,6 +476,7 @@ class PlanLiveness:
         tl = self.tl
         reads = self._reads()
         self.copied = self._copied(reads)
+        self.gathered_in_order = gathered_in_order(self, reads)
         self._stored(reads)
         for t in range(len(tl.seq) - 1, -1, -1):
             outs = [k for k in tl.first[t] if k in self.produced]
@@ -492,7 +500,7 @@ class PlanLiveness:
                     self.view_readers.setdefault((ka, lid), set()).add(t)
                 cp = pos in copied and not self._written_transposed(ka, lid)
                 c = self._copy_time(t, ka, lid) if cp else lo
-                self.read(ka, lid, min(c, lo), c if cp else hi, whole)
+                self.read(ka, lid, min(c, lo), c if cp else hi, whole or (ka, lid) in self.sliced_masks)
             for c, (ka, lid, whole) in self._recomputed(t, reads):
                 self.read(ka, lid, min(c, lo), c, whole)
         self._init_reads()
@@ -505,7 +513,7 @@ class PlanLiveness:
         self._combine()
         self._transposes(reads)
         self._literal_broadcasts()
-        self._dense_expansions()
+        self.transient += dense_expansions(self)
         self.transient += blocked_scan_copies(self)
 
     def _literal_broadcasts(self) -> None:
@@ -613,6 +621,23 @@ class PlanLiveness:
         for (k, _), s in self.step_to.items():
             if s.src == self.produced.get(k) and (not COLLECTIVES[s.kind].fuses or (k, s.dst) in self.view_whole):
                 self.stored[k] = True
+        self._unmasked(reads)
+
+    def _unmasked(self, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
+        """A masking multiply that reads its boolean through a slice (another layout) stays a
+        multiply: XLA's simplifier turns `convert(b) * x` into a select only where it sees the
+        convert. The library reduction then takes the multiply in and reads its operands, so the
+        converted boolean is a buffer from when it is made, and the product is none."""
+        tl = self.tl
+        for v, m in tl.masked.items():
+            km, kb = tl.key(v), tl.key(m)
+            t = tl.made_at.get(km) if km is not None else None
+            if t is None or kb is None or km not in self.produced:
+                continue
+            views = {(k, lid) for k, lid, _ in reads[t] if k == kb and lid is not None and lid != self.produced.get(kb)}
+            if views:
+                self.stored[km] = False
+                self.sliced_masks |= views
 
     def read(self, k: Key, lid: int | None, lo: int, hi: int, whole: bool) -> None:
         p = self.produced.get(k)
@@ -664,6 +689,8 @@ class PlanLiveness:
         dot its only reader, not a view)? Then no copy is made: the operand itself lives until
         the dot."""
         b = (k, lid if lid is not None else self.produced.get(k, -1))
+        if b in self.gathered_in_order:
+            return True
         return b not in self.step_to and self.tl.n_readers.get(k, 0) <= 1 and k in self.tl.made_at
 
     def _transposes(self, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
@@ -717,16 +744,21 @@ class PlanLiveness:
         views = sorted((b for b in self.born if b in self.step_to), key=depth)
         for b in views:  # shallowest first: a source's (earlier) birth is known
             self.born[b] = min(self.born[b], self._source_birth(b) + 1)
+        copies: dict[int, int] = {}  # instant -> the largest raw gathered buffer copied then
         for b in reversed(views):
             s = self.step_to[b]
             t = self.born[b]
             self.read(b[0], s.src, t, t, True)  # type: ignore[attr-defined]
             if COLLECTIVES[s.kind].cpu_via_all_reduce:  # type: ignore[attr-defined]
                 self.transient.append((t, t, self.tl.size(b[0], s.src)))  # type: ignore[attr-defined]
-            elif COLLECTIVES[s.kind].transposes_minor and self._minor(b[0], s.dst, s.dim):  # type: ignore[attr-defined]
+            elif COLLECTIVES[s.kind].transposes_minor and self.minor(b[0], s.dst, s.dim):  # type: ignore[attr-defined]
                 # the raw gathered buffer now, the transposed copy (the view) a step later
                 self.transient.append((t, t, self.tl.size(*b)))
                 self.born[b] = min(t + 1, max(self.last.get(b, t), t))
+                if self.born[b] > t:
+                    copies[self.born[b]] = max(copies.get(self.born[b], 0), self.tl.size(*b))
+        # XLA copies the raw buffers one by one, freeing each: the copies and one raw buffer
+        self.transient += [(t, t, size) for t, size in copies.items()]
         self._middles(views)
 
     def _middles(self, views: list[Buf]) -> None:
@@ -762,41 +794,10 @@ class PlanLiveness:
             if src in self.born or src not in self.step_to:
                 break
             src = (src[0], self.step_to[src].src)  # type: ignore[attr-defined]
-        return self.born.get(src, -1)
+        made = self.tl.made_at.get(src[0])  # a value fused into the view's own fusion
+        return self.born.get(src, -1 if made is None or src in self.step_to else self.tl.birth_time(made))
 
-    def _dense_expansions(self) -> None:
-        """A ragged dot's operands expanded per group (fusion.dense_ragged_operands): each a
-        buffer of its dot alone, written as soon as its operand is (XLA:CPU's breadth-first
-        schedule: an argument's expansion for the weight gradient is written at the start).
-        The (groups, *shard) boolean mask that selects each group's rows is fused into its one
-        expansion, or, read by several, one buffer per group sizes and shard shape (XLA's CSE
-        shares it between the forward pass and the gradients) until its last reader."""
-        tl = self.tl
-        masks: dict[tuple[Key | None, tuple[int, ...]], tuple[int, int, int, int]] = {}
-        for t, ops in tl.dense.items():
-            e = tl.seq[t]
-            if not any(k in self.produced for k in tl.first[t]):
-                continue
-            lids = tl.operand_layouts(t, self.ch)
-            gs = e.inputs[2]
-            groups = tl.program.values[gs].shape[-1] if isinstance(gs, int) else 1
-            for pos in ops:
-                a = e.inputs[pos]
-                k = tl.key(a) if isinstance(a, int) else None
-                lid = lids[pos] if pos < len(lids) else None
-                lid = self.produced.get(k) if lid is None and k is not None else lid
-                if k is None or lid is None:
-                    continue
-                born = self.born.get((k, lid), self.born.get((k, self.produced.get(k, -1)), 0))
-                self.transient.append((min(born, t), t, groups * tl.size(k, lid)))
-                v = tl.program.values[a]
-                shard = tuple(tl.spaces.layouts[lid].shard_shape(v.shape, tl.spaces.mesh))
-                key = (tl.key(gs) if isinstance(gs, int) else None, shard)
-                lo, hi, _, n = masks.get(key, (t, t, 0, 0))
-                masks[key] = (min(lo, born, t), max(hi, t), groups * math.prod(shard), n + 1)
-        self.transient += [(lo, hi, size) for lo, hi, size, n in masks.values() if n > 1]
-
-    def _minor(self, k: Key, lid: int, dim: int) -> bool:
+    def minor(self, k: Key, lid: int, dim: int) -> bool:
         """Does a dimension before `dim` have more than one element per shard?"""
         v = self.tl.program.values[self.tl.rep[k]]
         shard = self.tl.spaces.layouts[lid].shard_shape(v.shape, self.tl.spaces.mesh)
@@ -822,6 +823,63 @@ class PlanLiveness:
         best, best_t = heap_peak(left)
         at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
         return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
+
+
+def gathered_in_order(live: PlanLiveness, reads: list[list[tuple[Key, int | None, bool]]]) -> set[Buf]:
+    """Minor-dimension all-gathers read only by products that copy them, all into one order:
+    XLA copies the raw gathered buffer straight into that order (one copy, the view itself),
+    where a view any other op reads is copied into the value's order and then again."""
+    orders: dict[Buf, set[tuple[int, ...]]] = {}
+    other: set[Buf] = set()
+    for t, row in enumerate(reads):
+        for pos, (k, lid, _) in enumerate(row):
+            if lid is None or lid == live.produced.get(k):
+                continue
+            order = live.copied.get(t, {}).get(pos)
+            if order is None:
+                other.add((k, lid))
+            else:
+                orders.setdefault((k, lid), set()).add(order)
+    out: set[Buf] = set()
+    for b, seen in orders.items():
+        s = live.step_to.get(b)
+        if (b not in other and len(seen) == 1 and s is not None
+                and COLLECTIVES[s.kind].transposes_minor and live.minor(b[0], s.dst, s.dim)):  # type: ignore[attr-defined]
+            out.add(b)
+    return out
+
+
+def dense_expansions(live: PlanLiveness) -> list[tuple[int, int, int]]:
+    """A ragged dot's operands expanded per group (fusion.dense_ragged_operands): each a
+    buffer of its dot alone, written as soon as its operand is (XLA:CPU's breadth-first
+    schedule: an argument's expansion for the weight gradient is written at the start).
+    The (groups, *shard) boolean mask that selects each group's rows is fused into its one
+    expansion, or, read by several, one buffer per group sizes and shard shape (XLA's CSE
+    shares it between the forward pass and the gradients) until its last reader."""
+    tl, out = live.tl, []
+    masks: dict[tuple[Key | None, tuple[int, ...]], tuple[int, int, int, int]] = {}
+    for t, ops in tl.dense.items():
+        e = tl.seq[t]
+        if not any(k in live.produced for k in tl.first[t]):
+            continue
+        lids = tl.operand_layouts(t, live.ch)
+        gs = e.inputs[2]
+        groups = tl.program.values[gs].shape[-1] if isinstance(gs, int) else 1
+        for pos in ops:
+            a = e.inputs[pos]
+            k = tl.key(a) if isinstance(a, int) else None
+            lid = lids[pos] if pos < len(lids) else None
+            lid = live.produced.get(k) if lid is None and k is not None else lid
+            if k is None or lid is None:
+                continue
+            born = live.born.get((k, lid), live.born.get((k, live.produced.get(k, -1)), 0))
+            out.append((min(born, t), t, groups * tl.size(k, lid)))
+            v = tl.program.values[a]
+            shard = tuple(tl.spaces.layouts[lid].shard_shape(v.shape, tl.spaces.mesh))
+            key = (tl.key(gs) if isinstance(gs, int) else None, shard)
+            lo, hi, _, n = masks.get(key, (t, t, 0, 0))
+            masks[key] = (min(lo, born, t), max(hi, t), groups * math.prod(shard), n + 1)
+    return out + [(lo, hi, size) for lo, hi, size, n in masks.values() if n > 1]
 
 
 def blocked_scan_copies(live: PlanLiveness) -> list[tuple[int, int, int]]:
