@@ -67,13 +67,11 @@ class Timeline:
         self._whole: dict[tuple[int, int], bool] = {}  # (id of an equation, operand) -> reads_whole
         self._fed: dict[int, Equation] = {}  # id of a library reduction -> the op computing its operand
         self.masked: dict[int, int] = {}  # a masking multiply a library reduction reads -> its boolean operand
-        self._n_reads: dict[int, int] = {}  # value -> equations reading it
         self._readers: dict[int, list[Equation]] = {}  # value -> the equations reading it
         self._literals: dict[fusion.LiteralKey, int] = {}  # a scalar literal at a shape -> its readers
         for e in program.equations:
             for a in e.inputs:
                 if isinstance(a, int):
-                    self._n_reads[a] = self._n_reads.get(a, 0) + 1
                     self._readers.setdefault(a, []).append(e)
             for lk in self._literal_keys(e):
                 self._literals[lk] = self._literals.get(lk, 0) + 1
@@ -280,10 +278,10 @@ class Timeline:
         prog = self.program
         p = prog.values[a].producer
         src = prog.equations[p] if p is not None else None
-        if src is None or src.name not in fusion.YNN_VIEWS or self._n_reads.get(a, 0) != 1:
+        if src is None or src.name not in fusion.YNN_VIEWS or len(self._readers.get(a, ())) != 1:
             return src
         b = src.inputs[0] if src.inputs else None
-        if not isinstance(b, int) or self._n_reads.get(b, 0) != 1 or prog.values[b].producer is None:
+        if not isinstance(b, int) or len(self._readers.get(b, ())) != 1 or prog.values[b].producer is None:
             return src
         below = prog.equations[prog.values[b].producer]  # type: ignore[index]
         return below if below.name not in fusion.YNN_KEPT_PRODUCERS else src
@@ -305,7 +303,7 @@ class Timeline:
             fed = self._fed.get(id(e))
             if fed is None or not self.first[t] or not e.outputs:
                 continue
-            r = self._readers[e.outputs[0]][0] if self._n_reads.get(e.outputs[0], 0) == 1 else None
+            r = self._readers[e.outputs[0]][0] if len(self._readers.get(e.outputs[0], ())) == 1 else None
             for op in (fed, r):
                 if op is None or not fusion.ynn_literal_broadcast(op, down=op is r):
                     continue
