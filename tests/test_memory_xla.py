@@ -444,7 +444,6 @@ def test_a_cumulative_sum_along_a_long_axis_holds_a_blocked_copy():
         assert LOW <= r <= HIGH, r
 
 
-
 def test_a_matrix_transpose_folds_into_products_without_batch_dimensions():
     """XLA:CPU folds `w.T` into the dimension numbers of the products reading it
     (TransposeFolding): no buffer of its own; a batched product, or any other reader, keeps it."""
