@@ -81,6 +81,7 @@ class CollectiveKind:
     sums: bool = False  # reduces pending partial sums (XLA:CPU's all-reduce combiner merges these)
     fuses: bool = False  # a view its reader fuses: the reader reads the source buffer
     transposes_minor: bool = False  # gathering a minor dimension leaves a raw buffer and a copy
+    cpu_sliced_send: bool = False  # XLA:CPU sends source-sized sliced copies beside the result
 
     @property
     def local(self) -> bool:
@@ -206,7 +207,7 @@ _ORDER = (
                    "#76b7b2", "reduce-scatter", hlo_tuple=True, cpu_via_all_reduce=True, sums=True),
     CollectiveKind(NodeKind.ALL_TO_ALL, "all-to-all", Dist.all_to_all, _table("AllToAllT", 3),
                    ("axes", "dim", "dim2"), _all_to_all_edges, lambda frac, b_src, b_dst: frac * b_src,
-                   _lower_all_to_all, "#b07aa1", "all-to-all"),
+                   _lower_all_to_all, "#b07aa1", "all-to-all", cpu_sliced_send=True),
 )
 
 COLLECTIVES: dict[NodeKind, CollectiveKind] = {k.node: k for k in _ORDER}
