@@ -857,7 +857,7 @@ def sliced_sends(live: PlanLiveness, sends: list[tuple[Buf, int]]) -> list[tuple
         k, src = b[0], s.src  # type: ignore[attr-defined]
         sb = (k, src)
         if src == live.produced.get(k) and k in tl.made_at and not tl.stored.get(k, True) \
-                and all(COLLECTIVES[x.kind].cpu_sliced_send for x in from_src[sb]):  # type: ignore[attr-defined]
+                and not live.direct.get(k) and all(COLLECTIVES[x.kind].cpu_sliced_send for x in from_src[sb]):  # type: ignore[attr-defined]
             live.pieces[sb] = n
             continue
         if live.last.get(sb) == t and sb in live.born:
