@@ -838,8 +838,9 @@ def sliced_sends(live: PlanLiveness, sends: list[tuple[Buf, int]]) -> list[tuple
     """XLA:CPU runs an array all-to-all over n devices (made at t) as a tuple one: n slices of
     the source in, n pieces out that its readers concatenate inside their fusions; neither is
     one buffer an op may write into or an output allocation may hold whole (`live.pieces`). A
-    source stored only because the collective reads it is the slices (XLA fuses its
-    computation into them). Any other source is sliced at t (the returned slices); where the
+    computed source that only such collectives read is the slices (XLA fuses its computation
+    into them; a source others read too XLA also keeps as a buffer, computing it twice). Any
+    other source is sliced at t (the returned slices); where the
     collective is its last read, it is freed once sliced, before the pieces arrive. A chain's
     hop made at t itself is not counted again: the instant's chain already holds it
     (`_middles`), and counting its slices beside every other view made at t as well gave 1.21
