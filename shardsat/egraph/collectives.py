@@ -83,6 +83,16 @@ class CollectiveKind:
     transposes_minor: bool = False  # gathering a minor dimension leaves a raw buffer and a copy
     cpu_sliced_send: bool = False  # XLA:CPU sends source-sized sliced copies beside the result
 
+    def whole_buffer_on(self, platform: str) -> bool:
+        """Does XLA on `platform` run it as an all-reduce of the whole buffer and a slice (the
+        whole buffer is a temporary)? XLA:GPU and TPU have a native reduce-scatter."""
+        return self.cpu_via_all_reduce and platform == "cpu"
+
+    def sliced_send_on(self, platform: str) -> bool:
+        """Does XLA on `platform` copy the source into n slices and return n pieces (a tuple
+        all-to-all)? XLA:GPU takes an array all-to-all as it is."""
+        return self.cpu_sliced_send and platform == "cpu"
+
     @property
     def local(self) -> bool:
         """No communication: counted as compute, not as a collective."""

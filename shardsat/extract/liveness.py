@@ -16,6 +16,7 @@ the other branches' temps are never live with it.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from ..egraph.program import Equation, Literal, Program, itemsize
 from ..rules.registry import rule_for
 from . import fusion
 from .buffers import Allocation, Temp, heap_peak, reuse_fixed, share_inplace
+from .chains import chain_transients
 from .result import Extraction, GroupChoice
 
 if TYPE_CHECKING:
@@ -468,8 +470,9 @@ class PlanLiveness:
         self.gathered_in_order: set[Buf] = set()  # minor gathers copied once, into their products' order
         self.sliced_masks: set[Buf] = set()  # booleans a library reduction reads sliced (_unmasked)
         self.copy_groups: dict[Buf, list[set[int]]] = {}  # per buffer: the dots reading each transposed copy of it
-        self.middles: set[Buf] = set()  # chain steps made and read in one instant (_middles)
+        self.middles: set[Buf] = set()  # chain steps made and read in one instant (chains.py)
         self.pieces: dict[Buf, int] = {}  # buffers XLA holds as this many separate equal slices
+        self.reads_from: dict[Buf, Buf] = {}  # a view -> the buffer it is made from (_read_source)
 
     def run(self) -> None:
         tl = self.tl
@@ -588,7 +591,7 @@ class PlanLiveness:
             when = max(self.born.get((b[0], s.src), tl.birth_time(t)) for b, s, t, _ in sinks)  # type: ignore[attr-defined]
             for b, s, _, _ in sinks:
                 self.read(b[0], s.src, when, when, True)  # type: ignore[attr-defined]
-                if COLLECTIVES[s.kind].cpu_via_all_reduce:  # type: ignore[attr-defined]
+                if COLLECTIVES[s.kind].whole_buffer_on(tl.spaces.mesh.platform):  # type: ignore[attr-defined]
                     # the combined all-reduce writes every whole result at once; each reader
                     # slices its shard out of it (the slice fuses), so the whole buffer lives
                     # until the reduced value's last read
@@ -733,7 +736,9 @@ class PlanLiveness:
         schedule runs a collective as soon as its source exists: a weight's all-gather at the
         start. A reduce-scatter on XLA:CPU is an all-reduce of the whole buffer and a slice: the
         whole buffer lives for an instant; an all-gather of a minor dimension gathers the major
-        one and transposes: the raw gathered buffer lives until the copy."""
+        one and transposes: the raw gathered buffer lives until the copy. A chain's middle hop
+        is born when its next hop reads it, so it joins the list then; chains.py prices the
+        chains made in one instant."""
         def depth(b: Buf) -> int:
             d, s = 0, self.step_to.get(b)
             while s is not None and d < 64:
@@ -746,47 +751,55 @@ class PlanLiveness:
             self.born[b] = min(self.born[b], self._source_birth(b) + 1)
         copies: dict[int, int] = {}  # instant -> the largest raw gathered buffer copied then
         sends: list[tuple[Buf, int]] = []
-        for b in reversed(views):
+        made: dict[Buf, list[int]] = {}  # per view: the buffers its step holds beside source and result
+        todo = [(-depth(b), i, b) for i, b in enumerate(views)]
+        heapq.heapify(todo)
+        queued = set(views)
+        while todo:  # deepest first; a middle hop is born when the next one reads it
+            b = heapq.heappop(todo)[2]
             s = self.step_to[b]
             t = self.born[b]
-            self.read(b[0], s.src, t, t, True)  # type: ignore[attr-defined]
-            if COLLECTIVES[s.kind].cpu_via_all_reduce:  # type: ignore[attr-defined]
-                self.transient.append((t, t, self.tl.size(b[0], s.src)))  # type: ignore[attr-defined]
-            elif COLLECTIVES[s.kind].cpu_sliced_send and self.tl.spaces.mesh.platform == "cpu":  # type: ignore[attr-defined]
+            src = self._read_source(b, t)
+            if src in self.step_to and src in self.born and src not in queued:
+                heapq.heappush(todo, (-depth(src), len(views), src))
+                views.append(src)
+                queued.add(src)
+            platform = self.tl.spaces.mesh.platform
+            if COLLECTIVES[s.kind].whole_buffer_on(platform):  # type: ignore[attr-defined]
+                made[b] = [self.tl.size(b[0], s.src)]  # type: ignore[attr-defined]
+            elif COLLECTIVES[s.kind].sliced_send_on(platform):  # type: ignore[attr-defined]
                 sends.append((b, t))
             elif COLLECTIVES[s.kind].transposes_minor and self.minor(b[0], s.dst, s.dim):  # type: ignore[attr-defined]
-                # the raw gathered buffer now, the transposed copy (the view) a step later
-                self.transient.append((t, t, self.tl.size(*b)))
+                # the raw gathered buffer now, the transposed copy (the view) a step later. XLA
+                # gathers every weight's raw buffer before copying any (breadth-first), so they
+                # are at t side by side; a chain's middle hop (no op reads it) is a chain's step
                 self.born[b] = min(t + 1, max(self.last.get(b, t), t))
+                if b in self.view_readers or self.born[b] > t:
+                    self.transient.append((t, t, self.tl.size(*b)))
+                else:
+                    made[b] = [self.tl.size(*b)]
                 if self.born[b] > t:
                     copies[self.born[b]] = max(copies.get(self.born[b], 0), self.tl.size(*b))
         # XLA copies the raw buffers one by one, freeing each: the copies and one raw buffer
         self.transient += [(t, t, size) for t, size in copies.items()]
-        self.transient += sliced_sends(self, sends)
-        self._middles(views)
+        made.update(sliced_sends(self, sends))
+        self.transient += chain_transients(self, views, made)
 
-    def _middles(self, views: list[Buf]) -> None:
-        """Steps in the middle of chains (a weight gathered in two hops) made in one instant are
-        not all live together: XLA makes each chain's next hop and frees the middle before the
-        next chain's, so an instant holds every next hop and one middle (or, breadth-first, every
-        middle and one next hop), not every middle beside every next hop. (A next hop that is
-        copied into a minor order is dated an instant later; its raw gathered buffer is at t.)"""
-        nxt: dict[Buf, list[Buf]] = {}
-        for b in views:
-            nxt.setdefault((b[0], self.step_to[b].src), []).append(b)  # type: ignore[attr-defined]
-        slots: dict[int, list[Buf]] = {}
-        for m, after in nxt.items():
-            t = self.born.get(m)
-            if (m in self.step_to and m not in self.view_readers and t is not None
-                    and self.last.get(m, t) == t and all(self.born.get(a, -1) - t in (0, 1) for a in after)):
-                slots.setdefault(t, []).append(m)
-        for t, ms in slots.items():
-            if len(ms) < 2:
-                continue
-            self.middles.update(ms)
-            mids = [self.tl.size(*m) for m in ms]
-            hops = [self.tl.size(*a) for m in ms for a in nxt[m]]
-            self.transient.append((t, t, max(max(mids), sum(mids) + max(hops) - sum(hops))))
+    def _read_source(self, b: Buf, t: int) -> Buf:
+        """View `b` reads its source at t; returns the buffer it reads. A local slice read by
+        another slice or by an all-to-all is no buffer: XLA composes slices of slices, and
+        fuses a slice into the all-to-all's own slicing, which read the slice's source."""
+        s = self.step_to[b]
+        src = (b[0], s.src)  # type: ignore[attr-defined]
+        up = self.step_to.get(src)
+        kind = COLLECTIVES[s.kind]  # type: ignore[attr-defined]
+        through = up is not None and COLLECTIVES[up.kind].fuses and (  # type: ignore[attr-defined]
+            kind.fuses or kind.sliced_send_on(self.tl.spaces.mesh.platform))
+        self.read(src[0], src[1], t, t, not through)
+        while through and src in self.step_to and COLLECTIVES[self.step_to[src].kind].fuses:  # type: ignore[attr-defined]
+            src = (src[0], self.step_to[src].src)  # type: ignore[attr-defined]
+        self.reads_from[b] = src
+        return src
 
     def _source_birth(self, b: Buf) -> int:
         """When the source of view `b` exists: a buffer's birth, an argument's -1 (before the
@@ -821,7 +834,7 @@ class PlanLiveness:
                  for b, t in self.born.items()
                  if b not in excluded and b not in self.middles and self.is_buffer(b) and b not in self.pieces]
         for b, n in self.pieces.items():  # tagged once: the peak's list names the buffer
-            if b in self.born and b not in excluded:
+            if b in self.born and b not in excluded and b not in self.middles:
                 t, size = self.born[b], self.tl.size(*b)
                 temps += [Temp(size // n, t, max(self.last.get(b, t), t), tag=b if i == 0 else None, kept=True)
                           for i in range(n)]
@@ -834,18 +847,16 @@ class PlanLiveness:
         return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
 
 
-def sliced_sends(live: PlanLiveness, sends: list[tuple[Buf, int]]) -> list[tuple[int, int, int]]:
+def sliced_sends(live: PlanLiveness, sends: list[tuple[Buf, int]]) -> dict[Buf, list[int]]:
     """XLA:CPU runs an array all-to-all over n devices (made at t) as a tuple one: n slices of
     the source in, n pieces out that its readers concatenate inside their fusions; neither is
     one buffer an op may write into or an output allocation may hold whole (`live.pieces`). A
     computed source that only such collectives read is the slices (XLA fuses its computation
     into them; a source others read too XLA also keeps as a buffer, computing it twice). Any
-    other source is sliced at t (the returned slices); where the
-    collective is its last read, it is freed once sliced, before the pieces arrive. A chain's
-    hop made at t itself is not counted again: the instant's chain already holds it
-    (`_middles`), and counting its slices beside every other view made at t as well gave 1.21
-    of compiled on FSDP MLPs, whose chains XLA runs one after another."""
-    tl, out = live.tl, []
+    other source is sliced at t (the returned slices, per view); where the collective is the
+    last read of a buffer made before t, that buffer is freed once sliced, before the pieces
+    arrive. (A source made at t is a chain's middle hop: chains.py prices the chain.)"""
+    tl, out = live.tl, {}
     from_src: dict[Buf, list[object]] = {}
     for v, step in live.step_to.items() if sends else ():
         from_src.setdefault((v[0], step.src), []).append(step)  # type: ignore[attr-defined]
@@ -858,14 +869,13 @@ def sliced_sends(live: PlanLiveness, sends: list[tuple[Buf, int]]) -> list[tuple
         k, src = b[0], s.src  # type: ignore[attr-defined]
         sb = (k, src)
         if src == live.produced.get(k) and k in tl.made_at and not tl.stored.get(k, True) \
-                and not live.direct.get(k) and all(COLLECTIVES[x.kind].cpu_sliced_send for x in from_src[sb]):  # type: ignore[attr-defined]
+                and not live.direct.get(k) and all(COLLECTIVES[x.kind].sliced_send_on("cpu") for x in from_src[sb]):  # type: ignore[attr-defined]
             live.pieces[sb] = n
             continue
-        if live.last.get(sb) == t and sb in live.born:
-            if live.born[sb] == t:  # a hop of a chain made at t: its buffer is sliced and freed
-                continue
-            live.last[sb] = t - 1
-        out += [(t, t, tl.size(k, src) // n)] * n
+        rb = live.reads_from.get(b, sb)  # the buffer sliced (past a slice that fuses in)
+        if live.last.get(rb) == t and live.born.get(rb, t) < t:
+            live.last[rb] = t - 1
+        out[b] = [tl.size(k, src) // n] * n
     return out
 
 
