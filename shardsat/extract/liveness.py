@@ -472,7 +472,7 @@ class PlanLiveness:
         self.copy_groups: dict[Buf, list[set[int]]] = {}  # per buffer: the dots reading each transposed copy of it
         self.middles: set[Buf] = set()  # chain steps made and read in one instant (chains.py)
         self.pieces: dict[Buf, int] = {}  # buffers XLA holds as this many separate equal slices
-        self.reads_from: dict[Buf, Buf] = {}  # a view -> the buffer it is made from (_read_source)
+        self.reads_from: dict[Buf, Buf] = {}  # a view -> the buffer it is made from (read_source)
 
     def run(self) -> None:
         tl = self.tl
@@ -759,7 +759,7 @@ class PlanLiveness:
             b = heapq.heappop(todo)[2]
             s = self.step_to[b]
             t = self.born[b]
-            src = self._read_source(b, t)
+            src = read_source(self, b, t)
             if src in self.step_to and src in self.born and src not in queued:
                 heapq.heappush(todo, (-depth(src), len(views), src))
                 views.append(src)
@@ -784,22 +784,6 @@ class PlanLiveness:
         self.transient += [(t, t, size) for t, size in copies.items()]
         made.update(sliced_sends(self, sends))
         self.transient += chain_transients(self, views, made)
-
-    def _read_source(self, b: Buf, t: int) -> Buf:
-        """View `b` reads its source at t; returns the buffer it reads. A local slice read by
-        another slice or by an all-to-all is no buffer: XLA composes slices of slices, and
-        fuses a slice into the all-to-all's own slicing, which read the slice's source."""
-        s = self.step_to[b]
-        src = (b[0], s.src)  # type: ignore[attr-defined]
-        up = self.step_to.get(src)
-        kind = COLLECTIVES[s.kind]  # type: ignore[attr-defined]
-        through = up is not None and COLLECTIVES[up.kind].fuses and (  # type: ignore[attr-defined]
-            kind.fuses or kind.sliced_send_on(self.tl.spaces.mesh.platform))
-        self.read(src[0], src[1], t, t, not through)
-        while through and src in self.step_to and COLLECTIVES[self.step_to[src].kind].fuses:  # type: ignore[attr-defined]
-            src = (src[0], self.step_to[src].src)  # type: ignore[attr-defined]
-        self.reads_from[b] = src
-        return src
 
     def _source_birth(self, b: Buf) -> int:
         """When the source of view `b` exists: a buffer's birth, an argument's -1 (before the
@@ -845,6 +829,23 @@ class PlanLiveness:
         best, best_t = heap_peak(left)
         at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
         return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
+
+
+def read_source(live: PlanLiveness, b: Buf, t: int) -> Buf:
+    """View `b` reads its source at t; returns the buffer it reads. A local slice read by
+    another slice or by an all-to-all is no buffer: XLA composes slices of slices, and
+    fuses a slice into the all-to-all's own slicing, which read the slice's source."""
+    s = live.step_to[b]
+    src = (b[0], s.src)  # type: ignore[attr-defined]
+    up = live.step_to.get(src)
+    kind = COLLECTIVES[s.kind]  # type: ignore[attr-defined]
+    through = up is not None and COLLECTIVES[up.kind].fuses and (  # type: ignore[attr-defined]
+        kind.fuses or kind.sliced_send_on(live.tl.spaces.mesh.platform))
+    live.read(src[0], src[1], t, t, not through)
+    while through and src in live.step_to and COLLECTIVES[live.step_to[src].kind].fuses:  # type: ignore[attr-defined]
+        src = (src[0], live.step_to[src].src)  # type: ignore[attr-defined]
+    live.reads_from[b] = src
+    return src
 
 
 def sliced_sends(live: PlanLiveness, sends: list[tuple[Buf, int]]) -> dict[Buf, list[int]]:
