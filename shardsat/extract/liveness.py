@@ -27,7 +27,7 @@ from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import SpaceTable
 from ..egraph.program import Equation, Literal, Program, itemsize
 from ..rules.registry import rule_for
-from . import fusion
+from . import fusion, library
 from .buffers import Allocation, Temp, heap_peak, reuse_fixed, share_inplace
 from .chains import chain_transients
 from .result import Extraction, GroupChoice
@@ -83,6 +83,9 @@ class Timeline:
         if all(reg.folded for reg in program.scans):  # loops and branches keep their own order
             self.seq = bfs_order(self.seq, [any(self.stored.get(k, True) for k in ks) for ks in self.first])
             self._keys()
+        if spaces.mesh.platform == "cpu":  # XLA:CPU's library fusions (YNNPACK), after the order
+            inside, roots = library.fused_keys(self, self.boundary)
+            self.stored.update({k: False for k in inside} | {k: True for k in roots})
         self._regions()
         self._dependencies()
         # per position and operand: does the reader need it whole (every plan's liveness reads it)
@@ -233,6 +236,7 @@ class Timeline:
                                                self.degenerate(e)) or self.unfused_concatenation(e)
         fusion.over_duplicated(self.seq, self.first, self.stored, self.key,  # type: ignore[arg-type]
                                lambda v: prog.values[v].shape)
+        self.boundary = boundary
         self.readers_whole = whole
 
     def reads_whole(self, e: Equation, pos: int, a: int) -> bool:
@@ -266,10 +270,10 @@ class Timeline:
         library = False
         if fusion.kind(e) == fusion.Fuse.REDUCE and pos == 0:
             src = self._through_view(a)
-            library = fusion.ynn_reduce(e, v.shape, v.dtype, src, src is not None and self._masks(src))
+            library = fusion.ynn_reduce(e, v.shape, v.dtype, src, src is not None and self.masks(src))
             if library and src is not None:
                 self._fed[id(e)] = src
-                if self._masks(src) and src.outputs:
+                if self.masks(src) and src.outputs:
                     self.masked[src.outputs[0]] = self._mask_operand(src)
         return fusion.reads_whole(e, pos, len(v.shape), library)
 
@@ -315,7 +319,7 @@ class Timeline:
                         out.append((t, k, lk))
         return out
 
-    def _masks(self, e: Equation) -> bool:
+    def masks(self, e: Equation) -> bool:
         """A multiply by a boolean converted to a number (XLA makes it a select)."""
         return e.name == "mul" and self._mask_operand(e) >= 0
 
