@@ -14,7 +14,9 @@ such pass, so `fused_keys` is for CPU meshes only.
 The simulation runs on the traced program, not on XLA's optimised module, so it leaves alone
 what it cannot see the same way: a fusion that keeps no stored value inside but a reduction's
 own result changes nothing (_drops_a_buffer), and a negation XLA moves below its reduction
-joins only with its operand (_hoisted_fits).
+joins only with its operand (_hoisted_fits). The fusions are the program's; a plan can break
+one (`broken`: a dimension split down to one element; PlanLiveness also stores a value inside
+one that the plan reads in another layout, as YNNPACK takes no slice or collective).
 """
 
 from __future__ import annotations
@@ -205,10 +207,23 @@ def _grow(fu: _Fusions, fid: int, nodes: Sequence[Node], operands: Sequence[Sequ
         queue.append(u)
 
 
-def fused_keys(tl: Timeline, boundary: set[Key]) -> tuple[set[Key], set[Key]]:
-    """The keys of `tl`'s program that XLA:CPU computes inside a library fusion (fused_inside),
-    in `tl`'s order, and the keys the fusions write (their roots); `boundary`: keys that must
-    be buffers."""
+@dataclass(frozen=True)
+class Fusion:
+    """One library fusion of a program: the keys it computes inside and the ones it writes
+    (its root), and what fusion.stored said of them all, for a plan that breaks it (broken)."""
+
+    inside: frozenset[Key]
+    roots: frozenset[Key]
+    before: dict[Key, bool]
+
+    @property
+    def stored(self) -> dict[Key, bool]:
+        return {k: False for k in self.inside} | {k: True for k in self.roots}
+
+
+def fused_keys(tl: Timeline, boundary: set[Key]) -> list[Fusion]:
+    """The library fusions of `tl`'s program (fused_inside), in `tl`'s order, as keys;
+    `boundary`: keys that must be buffers."""
     prog, seq = tl.program, tl.seq
     made = {k: t for t, ks in enumerate(tl.first) for k in ks}
     devices = math.prod(tl.spaces.mesh.sizes)
@@ -229,8 +244,32 @@ def fused_keys(tl: Timeline, boundary: set[Key]) -> tuple[set[Key], set[Key]]:
     fusions = [(ms, root) for ms, root in fused_inside(nodes, operands, users, [e.region for e in seq],
                                                        lambda t: any(k in boundary for k in tl.first[t]))
                if _drops_a_buffer(ms - {root}, nodes, tl)]
-    inside = {k for ms, root in fusions for t in ms if t != root for k in tl.first[t]}
-    return inside, {k for _, root in fusions for k in tl.first[root]}
+    out = []
+    for ms, root in fusions:
+        inside = frozenset(k for t in ms if t != root for k in tl.first[t])
+        roots = frozenset(tl.first[root])
+        out.append(Fusion(inside, roots, {k: tl.stored.get(k, True) for k in inside | roots}))
+    return out
+
+
+def broken(tl: Timeline, produced: dict[Key, int]) -> dict[Key, bool]:
+    """What a plan's layouts undo: a fusion with a value split down to one element along a
+    dimension is the program's static choice again. XLA drops that dimension from its products
+    with reshapes it lays out as copies, which split the fusion (attention with its heads split
+    over every device keeps two copies of the scores)."""
+    out: dict[Key, bool] = {}
+    for f in tl.fusions:
+        if any(_degenerate(tl, k, produced.get(k)) for k in f.before):
+            out.update(f.before)
+    return out
+
+
+def _degenerate(tl: Timeline, k: Key, lid: int | None) -> bool:
+    if lid is None:
+        return False
+    shape = tuple(tl.program.values[tl.rep[k]].shape)
+    local = tl.spaces.layouts[lid].shard_shape(shape, tl.spaces.mesh)
+    return any(n == 1 < g for n, g in zip(local, shape, strict=True))
 
 
 def _node(e: Equation, prog: Program, devices: int) -> Node:

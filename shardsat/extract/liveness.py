@@ -83,9 +83,11 @@ class Timeline:
         if all(reg.folded for reg in program.scans):  # loops and branches keep their own order
             self.seq = bfs_order(self.seq, [any(self.stored.get(k, True) for k in ks) for ks in self.first])
             self._keys()
-        if spaces.mesh.platform == "cpu":  # XLA:CPU's library fusions (YNNPACK), after the order
-            inside, roots = library.fused_keys(self, self.boundary)
-            self.stored.update({k: False for k in inside} | {k: True for k in roots})
+        # XLA:CPU's library fusions (YNNPACK), found in this order
+        self.fusions = library.fused_keys(self, self.boundary) if spaces.mesh.platform == "cpu" else []
+        self.inside = {k for f in self.fusions for k in f.inside}
+        for f in self.fusions:
+            self.stored.update(f.stored)
         self._regions()
         self._dependencies()
         # per position and operand: does the reader need it whole (every plan's liveness reads it)
@@ -618,15 +620,17 @@ class PlanLiveness:
 
     def _stored(self, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
         """The static choice, plus: a value a collective reads is a buffer; so is a slice a
-        contraction reads."""
-        self.stored = dict(self.tl.stored)
+        contraction reads, and a value of a library fusion read in another layout (YNNPACK
+        takes no slice)."""
+        self.stored = dict(self.tl.stored) | library.broken(self.tl, self.produced)
         self.view_whole: set[Buf] = set()
         for row in reads:
             for k, lid, whole in row:
                 if whole and lid is not None:
                     self.view_whole.add((k, lid))
         for (k, _), s in self.step_to.items():
-            if s.src == self.produced.get(k) and (not COLLECTIVES[s.kind].fuses or (k, s.dst) in self.view_whole):
+            if s.src == self.produced.get(k) and (not COLLECTIVES[s.kind].fuses or (k, s.dst) in self.view_whole
+                                                  or k in self.tl.inside):
                 self.stored[k] = True
         self._unmasked(reads)
 
