@@ -715,6 +715,10 @@ def test_a_library_fusion_grows_only_through_values_it_alone_reads():
     assert run([dot, op, red], [[], [0], [1]], boundary={0}) == {1}
     # down: the reduction's only reader (a divide, as in a mean) becomes the root
     assert run([dot, op, red, op], [[], [0], [1], [2]]) == {0, 1, 2}
+    # a reduction read by a product (its own fusion, taken in going down), then a second chain
+    # made earlier: the merged fusion's id is not given to the second one (it was, and the
+    # first fusion was lost)
+    assert run([dot, op, red, red, dot], [[], [0], [1], [], [3]]) == {0, 1, 3}
 
 
 def test_library_products_exclude_what_ynnpack_does_not_run():

@@ -122,9 +122,10 @@ class _Fusions:
     of: dict[int, int] = field(default_factory=dict)
     members: dict[int, set[int]] = field(default_factory=dict)
     root: dict[int, int] = field(default_factory=dict)
+    made: int = 0  # fusions made so far: a merged one's id is never given again
 
     def new(self, t: int) -> int:
-        fid = len(self.members)
+        fid, self.made = self.made, self.made + 1
         self.of[t], self.members[fid], self.root[fid] = fid, {t}, t
         return fid
 
