@@ -32,6 +32,8 @@ def chain_transients(live: PlanLiveness, views: list[Buf], made: dict[Buf, list[
             tops.setdefault(live.born[b], []).append(b)
         elif b not in mids and _src(live, b) not in mids:
             out += [(live.born[b], live.born[b], size) for size in made.get(b, ())]
+            if made.get(b):
+                live.stepped.add(b)
     for t, ts in tops.items():
         extra = max(_sequential(live, top, t, nxt, mids, made) for top in ts)
         if len(ts) > 1:  # breadth-first: every middle, then the final hops one by one

@@ -106,10 +106,13 @@ def ynn_literal_broadcast(op: Equation, down: bool = False) -> bool:
 
 
 def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: bool,
-           reshape: bool = False) -> bool:
+           reshape: bool = False, kernels: int | None = None) -> bool:
     """Is the result of `eqn` a buffer? `readers`: the equations that read it; `whole_read`: one
     of them cannot fuse it; `boundary`: it leaves the program or crosses a region boundary;
-    `reshape`: a reduction of size-1 dimensions only, which XLA's simplifier makes a reshape."""
+    `reshape`: a reduction of size-1 dimensions only, which XLA's simplifier makes a reshape;
+    `kernels`: how many kernels its readers are computed in (None: one per reader). XLA fuses
+    consumers first, so an expensive op whose readers all end in one kernel (a gelu's tanh,
+    read by several ops of its gradient) is fused into it once, not stored."""
     k = Fuse.CHEAP if reshape else kind(eqn)
     if not boundary and folds_into_dots(eqn, readers):
         return False
@@ -118,7 +121,8 @@ def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: b
     if eqn.name == "broadcast_in_dim" and any(r.name == "reshape" for r in readers):
         return True  # a reshape that interleaves broadcast dimensions is no bitcast: XLA:CPU writes it out
     if k in (Fuse.EXPENSIVE, Fuse.GATHER):
-        return len({id(r) for r in readers}) > 1 or any(rule_for(r.primitive).rereads for r in readers)
+        n = len({id(r) for r in readers}) if kernels is None else kernels
+        return n > 1 or any(rule_for(r.primitive).rereads for r in readers)
     if rule_for(eqn.primitive).fused_once:
         return len({id(r) for r in readers}) > 1
     return False

@@ -216,10 +216,11 @@ class Fusion:
     inside: frozenset[Key]
     roots: frozenset[Key]
     before: dict[Key, bool]
+    feeds: frozenset[Key] = frozenset()  # values made outside it that it reads: buffers
 
     @property
     def stored(self) -> dict[Key, bool]:
-        return {k: False for k in self.inside} | {k: True for k in self.roots}
+        return {k: False for k in self.inside} | {k: True for k in self.roots | self.feeds}
 
 
 def fused_keys(tl: Timeline, boundary: set[Key]) -> list[Fusion]:
@@ -249,8 +250,29 @@ def fused_keys(tl: Timeline, boundary: set[Key]) -> list[Fusion]:
     for ms, root in fusions:
         inside = frozenset(k for t in ms if t != root for k in tl.first[t])
         roots = frozenset(tl.first[root])
-        out.append(Fusion(inside, roots, {k: tl.stored.get(k, True) for k in inside | roots}))
+        feeds = frozenset(k for t in _fed(ms, operands, seq) for k in tl.first[t])
+        out.append(Fusion(inside, roots, {k: tl.stored.get(k, True) for k in inside | roots | feeds}, feeds))
     return out
+
+
+def _fed(ms: set[int], operands: Sequence[Sequence[int]], seq: Sequence[Equation]) -> set[int]:
+    """The positions making what a fusion's members read from outside it, looked through views
+    (a bitcast of a buffer is that buffer): YNNPACK reads them as buffers, which XLA's loop
+    fusions cannot be fused into (a layer norm's normalised input, computed again by each
+    elementwise reader, is written out once for the kernel computing its gain's gradient)."""
+    out: set[int] = set()
+    for t in ms:
+        for p in operands[t]:
+            while p is not None and p not in ms and seq[p].name in _BITCASTS:
+                p = operands[p][0] if operands[p] else None  # None: a view of an argument
+            if p is not None and p not in ms:
+                out.add(p)
+    return out
+
+
+# views XLA makes bitcasts, and layout pins it drops: what they read is the buffer
+_BITCASTS = frozenset({"reshape", "squeeze", "expand_dims", "sharding_constraint", "stop_gradient", "copy",
+                       "copy_p"})
 
 
 def broken(tl: Timeline, produced: dict[Key, int]) -> dict[Key, bool]:

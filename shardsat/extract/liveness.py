@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,7 @@ from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import SpaceTable
 from ..egraph.program import Equation, Literal, Program, itemsize
 from ..rules.registry import rule_for
-from . import fusion, library
+from . import deadcode, fusion, library
 from .buffers import Allocation, Temp, heap_peak, reuse_fixed, share_inplace
 from .chains import chain_transients
 from .result import Extraction, GroupChoice
@@ -71,25 +72,30 @@ class Timeline:
         self.masked: dict[int, int] = {}  # a masking multiply a library reduction reads -> its boolean operand
         self._readers: dict[int, list[Equation]] = {}  # value -> the equations reading it
         self._literals: dict[fusion.LiteralKey, int] = {}  # a scalar literal at a shape -> its readers
+        dead = deadcode.dead_equations(program, self.key)  # XLA removes them first
         for e in program.equations:
+            if id(e) in dead:
+                continue
             for a in e.inputs:
                 if isinstance(a, int):
                     self._readers.setdefault(a, []).append(e)
             for lk in self._literal_keys(e):
                 self._literals[lk] = self._literals.get(lk, 0) + 1
-        self.seq = execution_order(program)
+        base = self.seq = [e for e in execution_order(program) if id(e) not in dead]
         self._keys()
         self._static_stored()
-        if all(reg.folded for reg in program.scans):  # loops and branches keep their own order
-            self.seq = bfs_order(self.seq, [any(self.stored.get(k, True) for k in ks) for ks in self.first])
-            self._keys()
+        self._schedule(base)
         # XLA:CPU's library fusions (YNNPACK), found in this order
         self.fusions = library.fused_keys(self, self.boundary) if spaces.mesh.platform == "cpu" else []
         self.inside = {k for f in self.fusions for k in f.inside}
         for f in self.fusions:
             self.stored.update(f.stored)
+        if self.inside:
+            self._schedule(base)  # each library fusion is one instruction: its members pass readiness on
+        self.in_library = {k for f in self.fusions for k in f.inside | f.roots}
         self._regions()
         self._dependencies()
+        self.read_at = read_positions(self)
         # per position and operand: does the reader need it whole (every plan's liveness reads it)
         self.whole_at = [[isinstance(a, int) and self.reads_whole(e, pos, a) for pos, a in enumerate(e.inputs)]
                          for e in self.seq]
@@ -125,6 +131,17 @@ class Timeline:
             k = self.key(v)
             if k is not None:
                 self.rep.setdefault(k, v)
+
+    def _schedule(self, base: list[Equation]) -> None:
+        """Order `base` (the program's order) breadth first as XLA:CPU schedules it (bfs_order),
+        with the buffers `stored` says are kept; loops and branches keep their own order."""
+        self.breadth_first = all(reg.folded for reg in self.program.scans)
+        if not self.breadth_first:
+            return
+        self.seq = base
+        self._keys()
+        self.seq = bfs_order(base, [any(self.stored.get(k, True) for k in ks) for ks in self.first])
+        self._keys()
 
     def _dependencies(self) -> None:
         """Per position: the positions it depends on (a bitset) and, for a fused result, the
@@ -232,10 +249,15 @@ class Timeline:
                     boundary.add(self.key(a))  # type: ignore[arg-type]
         self.n_readers = {k: len(r) for k, r in readers.items()}
         self.stored: dict[Key, bool] = {}
-        for t, e in enumerate(self.seq):
+        kernels: dict[Key, frozenset[object]] = {}  # a key -> the kernels computing it (itself, if stored)
+        for t in range(len(self.seq) - 1, -1, -1):  # readers first: their kernels are known
+            e = self.seq[t]
             for k in self.first[t]:
-                self.stored[k] = fusion.stored(e, readers.get(k, []), k in whole, k in boundary,
-                                               self.degenerate(e)) or self.unfused_concatenation(e)
+                kern = reader_kernels(readers.get(k, []), kernels, self.key)
+                self.stored[k] = fusion.stored(e, readers.get(k, []), k in whole, k in boundary, self.degenerate(e),
+                                               len(kern)) or self.unfused_concatenation(e)
+                kernels[k] = frozenset({k}) if self.stored[k] else kern
+        self.shared_inside = shared_inside(self, readers)
         fusion.over_duplicated(self.seq, self.first, self.stored, self.key,  # type: ignore[arg-type]
                                lambda v: prog.values[v].shape)
         self.boundary = boundary
@@ -395,6 +417,45 @@ def execution_order(program: Program) -> list[Equation]:
     return out
 
 
+def reader_kernels(readers: list[Equation], kernels: dict[Key, frozenset[object]],
+                   key: Callable[[int], Key | None]) -> frozenset[object]:
+    """The kernels that compute a value's readers: a stored reader's own, a fused one's readers'
+    (each computes it again); a reader with no key of its own is a kernel of its own."""
+    out: set[object] = set()
+    for r in readers:
+        got = [kernels[k] for o in r.outputs if (k := key(o)) is not None and k in kernels]
+        if not got:
+            out.add(("equation", id(r)))
+        for g in got:
+            out |= g
+    return frozenset(out)
+
+
+def shared_inside(tl: Timeline, readers: dict[Key, list[Equation]]) -> dict[Key, frozenset[Key]]:
+    """Expensive values fused although several ops read them (all in one kernel: fusion.stored),
+    each with the fused values between it and that kernel's root: a plan that stores one of
+    those (a collective reads it) splits the kernel, and XLA then stores the expensive value too
+    rather than compute it twice."""
+    out: dict[Key, frozenset[Key]] = {}
+    for t, e in enumerate(tl.seq):
+        for k in tl.first[t]:
+            if tl.stored[k] or fusion.kind(e) not in (fusion.Fuse.EXPENSIVE, fusion.Fuse.GATHER):
+                continue
+            if len({id(r) for r in readers.get(k, [])}) < 2:
+                continue
+            between: set[Key] = set()
+            stack = [k]
+            while stack:
+                for r in readers.get(stack.pop(), []):
+                    for o in r.outputs:
+                        k2 = tl.key(o)
+                        if k2 is not None and k2 not in between and not tl.stored.get(k2, True):
+                            between.add(k2)
+                            stack.append(k2)
+            out[k] = frozenset(between)
+    return out
+
+
 def bfs_order(seq: list[Equation], runs: list[bool]) -> list[Equation]:
     """The equations in the order XLA:CPU schedules its instructions: breadth first (its
     concurrency-optimised scheduler, Kahn's algorithm with a FIFO queue), which runs, for
@@ -479,6 +540,9 @@ class PlanLiveness:
         self.middles: set[Buf] = set()  # chain steps made and read in one instant (chains.py)
         self.pieces: dict[Buf, int] = {}  # buffers XLA holds as this many separate equal slices
         self.reads_from: dict[Buf, Buf] = {}  # a view -> the buffer it is made from (read_source)
+        self.recopied: set[Key] = set()  # dot operands whose copies compute them again (recomputed_reads)
+        self.held: set[Key] = set()  # what those copies read: no in-place write takes it over
+        self.stepped: set[Buf] = set()  # views holding their step's buffers at their birth (chains.py)
 
     def run(self) -> None:
         tl = self.tl
@@ -486,6 +550,7 @@ class PlanLiveness:
         self.copied = self._copied(reads)
         self.gathered_in_order = gathered_in_order(self, reads)
         self._stored(reads)
+        recomputed = recomputed_reads(self, reads)
         for t in range(len(tl.seq) - 1, -1, -1):
             outs = [k for k in tl.first[t] if k in self.produced]
             if not outs and not (tl.seq[t].effects and not tl.seq[t].outputs):
@@ -509,7 +574,7 @@ class PlanLiveness:
                 cp = pos in copied and not self._written_transposed(ka, lid)
                 c = self._copy_time(t, ka, lid) if cp else lo
                 self.read(ka, lid, min(c, lo), c if cp else hi, whole or (ka, lid) in self.sliced_masks)
-            for c, (ka, lid, whole) in self._recomputed(t, reads):
+            for c, (ka, lid, whole) in recomputed.get(t, ()):
                 self.read(ka, lid, min(c, lo), c, whole)
         self._init_reads()
         end = len(tl.seq)
@@ -593,16 +658,19 @@ class PlanLiveness:
         sinks = [r for r in reds if not any(r2 is not r and (tl.anc[r2[2]] | (1 << r2[2])) & r[3] for r2 in reds)]
         if len(sinks) > 1:
             # a source that is not a stored buffer (fused into its producer) exists once
-            # that producer has run, not from the program's start
-            when = max(self.born.get((b[0], s.src), tl.birth_time(t)) for b, s, t, _ in sinks)  # type: ignore[attr-defined]
+            # that producer has run, not from the program's start; the all-reduce runs a step
+            # after the last of them (a view is made a step after its source)
+            when = 1 + max(self.born.get((b[0], s.src), tl.birth_time(t)) for b, s, t, _ in sinks)  # type: ignore[attr-defined]
             for b, s, _, _ in sinks:
                 self.read(b[0], s.src, when, when, True)  # type: ignore[attr-defined]
                 if COLLECTIVES[s.kind].whole_buffer_on(tl.spaces.mesh.platform):  # type: ignore[attr-defined]
                     # the combined all-reduce writes every whole result at once; each reader
                     # slices its shard out of it (the slice fuses), so the whole buffer lives
-                    # until the reduced value's last read
-                    end = max(self.last.get(b, when), when)
-                    self.transient.append((when, end, tl.size(b[0], s.src)))  # type: ignore[attr-defined]
+                    # until the reduced value's last read (that buffer, not its step's own as well)
+                    size, end = tl.size(b[0], s.src), max(self.last.get(b, when), when)  # type: ignore[attr-defined]
+                    if b in self.stepped and (self.born[b], self.born[b], size) in self.transient:
+                        self.transient.remove((self.born[b], self.born[b], size))
+                    self.transient.append((when, end, size))
         every = 0
         for _, _, src, _ in reds:
             every |= 1 << src
@@ -623,6 +691,8 @@ class PlanLiveness:
         contraction reads, and a value of a library fusion read in another layout (YNNPACK
         takes no slice)."""
         self.stored = dict(self.tl.stored) | library.broken(self.tl, self.produced)
+        for k, between in self.tl.shared_inside.items():
+            self.stored[k] = self.stored[k] or any(self.stored.get(u, False) for u in between)
         self.view_whole: set[Buf] = set()
         for row in reads:
             for k, lid, whole in row:
@@ -680,21 +750,6 @@ class PlanLiveness:
             return t
         return min(t, self.tl.birth_time(src) + 1)
 
-    def _recomputed(self, t: int, reads: list[list[tuple[Key, int | None, bool]]]
-                    ) -> list[tuple[int, tuple[Key, int | None, bool]]]:
-        """What a dot's transposed copy of an elementwise operand reads, and when: XLA fuses the
-        operand's computation into the copy, which reads the operand's own operands again."""
-        tl, out = self.tl, []
-        for pos in self.copied.get(t, ()):
-            if pos >= len(reads[t]):
-                continue
-            k, lid, _ = reads[t][pos]
-            src = tl.made_at.get(k)
-            if src is not None and fusion.kind(tl.seq[src]) in fusion.INPLACE_KINDS - {fusion.Fuse.INPLACE}:
-                c = self._copy_time(t, k, lid)
-                out += [(c, r) for r in reads[src]]
-        return out
-
     def _written_transposed(self, k: Key, lid: int | None) -> bool:
         """Is a dot operand that XLA transposes written in the dot's order by its producer (the
         dot its only reader, not a view)? Then no copy is made: the operand itself lives until
@@ -719,7 +774,7 @@ class PlanLiveness:
                 b = (k, lid if lid is not None else self.produced.get(k, -1))
                 if b[1] < 0 or self._written_transposed(k, lid):
                     continue
-                start = min(self.born.get(b, -1) + 1, t)
+                start = min(self.born.get(b, -1) + (k not in self.recopied), t)
                 lo, hi, _ = spans.get((b, order), (start, t, 0))
                 spans[(b, order)] = (min(lo, start), max(hi, t), tl.size(*b))
                 groups.setdefault((b, order), set()).add(t)
@@ -822,7 +877,7 @@ class PlanLiveness:
         (output, donated) allocations."""
         flat = self.tl.flattened
         temps = [Temp(self.tl.size(*b), t, max(self.last.get(b, t), t), b in self.inplace, b,
-                      b[0] in flat and b not in self.step_to)
+                      (b[0] in flat or b[0] in self.held) and b not in self.step_to)
                  for b, t in self.born.items()
                  if b not in excluded and b not in self.middles and self.is_buffer(b) and b not in self.pieces]
         for b, n in self.pieces.items():  # tagged once: the peak's list names the buffer
@@ -837,6 +892,101 @@ class PlanLiveness:
         best, best_t = heap_peak(left)
         at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
         return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
+
+
+def recomputed_reads(live: PlanLiveness, reads: list[list[tuple[Key, int | None, bool]]]
+                     ) -> dict[int, list[tuple[int, tuple[Key, int | None, bool]]]]:
+    """Per dot position: what its transposed copy of an elementwise operand reads, and when. XLA
+    fuses the operand's computation into the copy, which reads the operand's own operands
+    again, where the copy is the operand's only reader (every reader a dot reading it in that
+    order, CSE) or every other reader fuses it too (others_fuse); an expensive op inside is then
+    stored, not computed twice (a gelu's tanh). Otherwise (an input gradient's library fusion
+    reads the operand) the copy reads the operand's buffer. Breadth first, the copy runs beside
+    the operand's own kernel, reading what it reads."""
+    tl, out = live.tl, {}
+    copies: dict[tuple[Key, tuple[int, ...]], int] = {}
+    for t, ops in live.copied.items():
+        for pos, order in ops.items():
+            if pos < len(reads[t]):
+                copies[(reads[t][pos][0], order)] = copies.get((reads[t][pos][0], order), 0) + 1
+    for t, ops in live.copied.items():
+        for pos, order in ops.items():
+            if pos >= len(reads[t]):
+                continue
+            k, lid, _ = reads[t][pos]
+            src = tl.made_at.get(k)
+            if src is None or fusion.kind(tl.seq[src]) not in (fusion.Fuse.CHEAP, fusion.Fuse.EXPENSIVE):
+                continue
+            if copies[(k, order)] < tl.n_readers.get(k, 0):  # duplicated: if every other reader fuses it
+                if fusion.kind(tl.seq[src]) == fusion.Fuse.EXPENSIVE or not others_fuse(live, k, order):
+                    continue
+                for k2 in fused_sources(live, src, expensive=True):  # computed once, for both
+                    live.stored[k2] = True
+            c = live._copy_time(t, k, lid)
+            if tl.breadth_first and c == tl.birth_time(src) + 1:
+                c -= 1  # with the operand's kernel, after it: nothing it reads is written in place
+                live.recopied.add(k)
+                live.held |= set(fused_sources(live, src))
+            out.setdefault(t, []).extend((c, r) for r in reads[src])
+    return out
+
+
+def others_fuse(live: PlanLiveness, k: Key, order: tuple[int, ...]) -> bool:
+    """Can every reader of `k` but the dots copying it in `order` fuse its computation (XLA
+    duplicates a fused computation only into readers that all fuse it)? An elementwise op can;
+    so can a dot XLA flattens into a matrix product, which reads it through a reshape (several
+    free or contracting dimensions), unless the dot is inside a library fusion (YNNPACK takes
+    the reshape in, and the computation is one buffer both read)."""
+    tl = live.tl
+    for t, pos in tl.read_at.get(k, ()):
+        e = tl.seq[t]
+        if live.copied.get(t, {}).get(pos) is not None:
+            continue  # a dot reading its own copy, in this or another order
+        if any(k2 in tl.in_library and not (k2 in tl.inside and live.stored.get(k2)) for k2 in tl.first[t]):
+            return False  # inside a library fusion the plan keeps (a collective reading a member splits it)
+        if e.name == "dot_general":
+            (lc, rc), (lb, rb) = e.params["dimension_numbers"]
+            contract, batch = (lc, lb) if pos == 0 else (rc, rb)
+            rank = len(tl.program.values[e.inputs[pos]].shape)  # type: ignore[index]
+            if rank - len(contract) - len(batch) <= 1 and len(contract) <= 1:
+                return False
+        elif fusion.kind(e) not in (fusion.Fuse.CHEAP, fusion.Fuse.EXPENSIVE) or tl.whole_at[t][pos]:
+            return False
+    return True
+
+
+def read_positions(tl: Timeline) -> dict[Key, list[tuple[int, int]]]:
+    """Per key: the (position, operand) pairs reading it."""
+    out: dict[Key, list[tuple[int, int]]] = {}
+    for t, e in enumerate(tl.seq):
+        for pos, a in enumerate(e.inputs):
+            if isinstance(a, int) and (k := tl.key(a)) is not None:
+                out.setdefault(k, []).append((t, pos))
+    return out
+
+
+def fused_sources(live: PlanLiveness, t: int, expensive: bool = False) -> list[Key]:
+    """The buffers the fused computation of the op at `t` reads (it and the values it reads that
+    are no buffers, transitively); with `expensive`, the expensive values it computes instead:
+    XLA stores them rather than compute them in two kernels."""
+    tl, stack, seen, out = live.tl, [t], {t}, []
+    while stack:
+        p = stack.pop()
+        e = tl.seq[p]
+        if expensive and p != t and fusion.kind(e) == fusion.Fuse.EXPENSIVE:
+            out += tl.first[p]
+            continue
+        for a in e.inputs:
+            k = tl.key(a) if isinstance(a, int) else None
+            q = tl.made_at.get(k) if k is not None else None
+            if q is None or q in seen:
+                continue
+            if not live.stored.get(k, True):  # type: ignore[arg-type]
+                seen.add(q)
+                stack.append(q)
+            elif not expensive:
+                out.append(k)  # type: ignore[arg-type]
+    return out
 
 
 def read_source(live: PlanLiveness, b: Buf, t: int) -> Buf:
