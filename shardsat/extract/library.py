@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..egraph.program import Equation, Program
+from .fusion import YNN_REDUCERS, YNN_VIEWS
 
 if TYPE_CHECKING:
     from .liveness import Key, Timeline
 
 MIN_ELEMENTS = 4096  # a reduction or elementwise op YNNPACK takes (per device; ynn_support.cc)
 FLOATS = frozenset({"float32", "bfloat16"})
-REDUCERS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
 ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "max", "min", "pow", "exp", "log", "log1p", "expm1",
                          "sqrt", "rsqrt", "abs", "neg", "sign", "floor", "ceil", "round", "erf", "logistic",
                          "tanh", "convert_element_type", "integer_pow", "square"})
@@ -58,7 +58,7 @@ def classify(e: Equation, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[st
     large = max(sizes, default=0) // max(devices, 1) >= MIN_ELEMENTS
     if out_dtype not in FLOATS or any(d not in FLOATS for d in dtypes):
         return Node("", large)
-    if e.name in REDUCERS and e.params.get("axes"):
+    if e.name in YNN_REDUCERS and e.params.get("axes"):
         return Node("reduce", large)
     if e.name in ELEMENTWISE:
         return Node("op", large, hoists=e.name == "neg")
@@ -271,8 +271,7 @@ def _fed(ms: set[int], operands: Sequence[Sequence[int]], seq: Sequence[Equation
 
 
 # views XLA makes bitcasts, and layout pins it drops: what they read is the buffer
-_BITCASTS = frozenset({"reshape", "squeeze", "expand_dims", "sharding_constraint", "stop_gradient", "copy",
-                       "copy_p"})
+_BITCASTS = YNN_VIEWS | {"sharding_constraint", "stop_gradient", "copy", "copy_p"}
 
 
 def broken(tl: Timeline, produced: dict[Key, int]) -> dict[Key, bool]:
