@@ -5,7 +5,8 @@ After scheduling, XLA gives every buffer an allocation (`xla/service/buffer_assi
   there (`CanShareOperandBufferWithUser`): the two never count together;
 - output and donated-argument allocations are reused by any temporary that fits in size and in
   time (an output is live from its definition to the end, a donated argument from the start to
-  its last read; before and between, their memory holds temporaries, largest first);
+  its last read; before and between, their memory holds temporaries, largest first); a donated
+  argument copied at the start frees its buffer, which a later argument's copy may take;
 - what is left is packed by a heap simulator: its size is the peak of the live temporaries (the
   packing's fragmentation is small next to the estimate's other errors).
 The temp size XLA reports is that last heap; outputs and arguments are reported apart.
@@ -78,6 +79,24 @@ def reuse_fixed(temps: list[Temp], fixed: list[Allocation]) -> list[Temp]:
     return left
 
 
+def chain_copies(copies: list[tuple[Temp, Allocation]]) -> list[Temp]:
+    """Copies of donated arguments, each with the argument's allocation, free once the copy is
+    made. XLA makes the copies one after another at the start, so a later copy may take an
+    earlier argument's buffer where it fits in size and in time; the first cannot. Returns the
+    copies left for the other allocations and the heap."""
+    left: list[Temp] = []
+    free: list[Allocation] = []
+    for t, alloc in copies:
+        later = Temp(t.size, t.start + 1, t.end, kept=True)  # no update writes into another's copy
+        home = min((a for a in free if a.size >= t.size and a.fits(later)), key=lambda a: a.size, default=None)
+        if home is None:
+            left.append(t)
+        else:
+            home.busy.append((later.start, later.end, False))
+        free.append(alloc)
+    return left
+
+
 def heap_peak(temps: list[Temp]) -> tuple[int, int]:
     """(peak bytes, time of the peak) of temporaries live at once."""
     events: list[tuple[int, int]] = []
@@ -94,4 +113,4 @@ def heap_peak(temps: list[Temp]) -> tuple[int, int]:
     return best, best_t
 
 
-__all__ = ["Allocation", "Temp", "heap_peak", "reuse_fixed", "share_inplace"]
+__all__ = ["Allocation", "Temp", "chain_copies", "heap_peak", "reuse_fixed", "share_inplace"]

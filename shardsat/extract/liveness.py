@@ -543,6 +543,7 @@ class PlanLiveness:
         self.recopied: set[Key] = set()  # dot operands whose copies compute them again (recomputed_reads)
         self.held: set[Key] = set()  # what those copies read: no in-place write takes it over
         self.stepped: set[Buf] = set()  # views holding their step's buffers at their birth (chains.py)
+        self.sliced_whole: dict[Buf, tuple[int, int, int]] = {}  # reduce-scatters read sliced: the whole buffer
 
     def run(self) -> None:
         tl = self.tl
@@ -670,6 +671,8 @@ class PlanLiveness:
                     size, end = tl.size(b[0], s.src), max(self.last.get(b, when), when)  # type: ignore[attr-defined]
                     if b in self.stepped and (self.born[b], self.born[b], size) in self.transient:
                         self.transient.remove((self.born[b], self.born[b], size))
+                    if b in self.sliced_whole:
+                        self.transient.remove(self.sliced_whole[b])
                     self.transient.append((when, end, size))
         every = 0
         for _, _, src, _ in reds:
@@ -798,10 +801,11 @@ class PlanLiveness:
         first, so a source's last read includes making every view below it. XLA's breadth-first
         schedule runs a collective as soon as its source exists: a weight's all-gather at the
         start. A reduce-scatter on XLA:CPU is an all-reduce of the whole buffer and a slice: the
-        whole buffer lives for an instant; an all-gather of a minor dimension gathers the major
-        one and transposes: the raw gathered buffer lives until the copy. A chain's middle hop
-        is born when its next hop reads it, so it joins the list then; chains.py prices the
-        chains made in one instant."""
+        whole buffer lives for an instant, or until the last reader where each slices its shard
+        out of it (sliced_by_readers); an all-gather of a minor dimension gathers the major one
+        and transposes: the raw gathered buffer lives until the copy. A chain's middle hop is
+        born when its next hop reads it, so it joins the list then; chains.py prices the chains
+        made in one instant."""
         def depth(b: Buf) -> int:
             d, s = 0, self.step_to.get(b)
             while s is not None and d < 64:
@@ -818,6 +822,7 @@ class PlanLiveness:
         todo = [(-depth(b), i, b) for i, b in enumerate(views)]
         heapq.heapify(todo)
         queued = set(views)
+        hops = {(b[0], self.step_to[b].src) for b in views}  # type: ignore[attr-defined]
         while todo:  # deepest first; a middle hop is born when the next one reads it
             b = heapq.heappop(todo)[2]
             s = self.step_to[b]
@@ -829,7 +834,8 @@ class PlanLiveness:
                 queued.add(src)
             platform = self.tl.spaces.mesh.platform
             if COLLECTIVES[s.kind].whole_buffer_on(platform):  # type: ignore[attr-defined]
-                made[b] = [self.tl.size(b[0], s.src)]  # type: ignore[attr-defined]
+                if not sliced_by_readers(self, b, t, hops):
+                    made[b] = [self.tl.size(b[0], s.src)]  # type: ignore[attr-defined]
             elif COLLECTIVES[s.kind].sliced_send_on(platform):  # type: ignore[attr-defined]
                 sends.append((b, t))
             elif COLLECTIVES[s.kind].transposes_minor and self.minor(b[0], s.dst, s.dim):  # type: ignore[attr-defined]
@@ -879,7 +885,8 @@ class PlanLiveness:
         temps = [Temp(self.tl.size(*b), t, max(self.last.get(b, t), t), b in self.inplace, b,
                       (b[0] in flat or b[0] in self.held) and b not in self.step_to)
                  for b, t in self.born.items()
-                 if b not in excluded and b not in self.middles and self.is_buffer(b) and b not in self.pieces]
+                 if b not in excluded and b not in self.middles and self.is_buffer(b) and b not in self.pieces
+                 and b not in self.sliced_whole]
         for b, n in self.pieces.items():  # tagged once: the peak's list names the buffer
             if b in self.born and b not in excluded and b not in self.middles:
                 t, size = self.born[b], self.tl.size(*b)
@@ -892,6 +899,20 @@ class PlanLiveness:
         best, best_t = heap_peak(left)
         at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
         return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
+
+
+def sliced_by_readers(live: PlanLiveness, b: Buf, t: int, hops: set[Buf]) -> bool:
+    """A reduce-scatter on XLA:CPU (an all-reduce and a slice) whose every reader is elementwise
+    (none reads it whole, no collective takes it further): XLA fuses the slice into each reader,
+    which reads its shard out of the whole all-reduced buffer, so that buffer lives until the
+    last of them (a relu's pre-activation read again by its gradient's mask) and the shard is
+    no buffer of its own (`sliced_whole`). Otherwise the slice is a buffer and the whole one
+    lives for an instant."""
+    if b not in live.view_readers or b in live.view_whole or b in hops:
+        return False
+    span = live.sliced_whole[b] = (t, max(live.last.get(b, t), t), live.tl.size(b[0], live.step_to[b].src))  # type: ignore[attr-defined]
+    live.transient.append(span)
+    return True
 
 
 def recomputed_reads(live: PlanLiveness, reads: list[list[tuple[Key, int | None, bool]]]

@@ -16,7 +16,7 @@ from typing import Any
 from ..egraph.export import ExportedGraph
 from ..egraph.layout import SpaceTable
 from ..egraph.program import Literal, Program
-from .buffers import Allocation, Temp
+from .buffers import Allocation, Temp, chain_copies
 from .liveness import Buf, Peak, PlanLiveness, Timeline, execution_order
 from .result import Extraction
 from .structure import heavy_roles, is_heavy
@@ -127,6 +127,7 @@ class MemoryModel:
                 excluded.add((k, ex.choices[grp].layout))
         donated = {k: a for a, k in self.ties}
         copies: list[Temp] = []
+        freed: list[tuple[Temp, Allocation]] = []  # copies of arguments whose buffers are then free
         combined = live.combined
         end = len(tl.seq)
         for n, (o, lid) in enumerate(zip(prog.outputs, ex.root_layouts, strict=True)):
@@ -138,38 +139,46 @@ class MemoryModel:
             excluded.add(b)
             alloc.busy.append((live.born.get(b, 0), end, b in live.inplace))
             if n in donated:  # written into the argument's buffer: busy while the argument is read
-                copies += self._donated(live, alloc, prog.args[donated[n]], b, combined)
+                got, free = self._donated(live, alloc, prog.args[donated[n]], b, combined)
+                if free:
+                    freed += [(t, alloc) for t in got]
+                else:
+                    copies += got
+        copies += chain_copies(freed)
         self.last_peak = live.peak(excluded, list(fixed.values()), copies)
         return self.last_peak
 
     def _donated(self, live: PlanLiveness, alloc: Allocation, arg: int, out: Buf,
-                 combined: tuple[tuple[int, int], ...]) -> list[Temp]:
+                 combined: tuple[tuple[int, int], ...]) -> tuple[list[Temp], bool]:
         """The old value of a donated argument holds its buffer until its last read. Where a
         reader is not provably before the new value's producer, XLA copies the argument first
         (copy insertion; returns the copy). Where the new value is computed in place from the
-        old one (an elementwise update in the argument's own layout), the update still reads
-        the parameter itself and only the readers not provably before it read the copy (an
-        XLA:CPU dump shows the copy, fused with a layout change, read by exactly those): the
-        copy lives until their last read and the buffer holds the old value until the update.
-        Where the new value is a view (gathered after an update on shards, which slices the
-        copy), every reader reads the copy and the buffer is free from the start."""
+        old one (an elementwise update in the argument's own layout) and only dots reading it
+        transposed are late, the copy is their transposed copy and the update still reads the
+        parameter itself (an XLA:CPU dump shows the copy, fused with the layout change, read
+        by exactly those): the copy lives until their last read and the buffer holds the old
+        value until the update. Otherwise the copy is plain and every reader reads it (the
+        update slices or reads the copy: XLA:CPU dumps of FSDP and weight-update-sharded Adam
+        steps), so the buffer is free from the start (True: then a later argument's copy may
+        take it, buffers.chain_copies)."""
         tl, ch = self.timeline, live.ch
         ka, grp = tl.key(arg), self.graph.value_group.get(arg)
         if ka is None or grp not in ch:
-            return []
+            return [], False
         b = (ka, ch[grp].layout)
         last = live.last.get(b, 0)
         made = tl.made_at.get(out[0])
         late = [] if made is None else self._late_readers(live, b, made, combined)
         if not late:
             alloc.busy.append((0, last, False))
-            return []
-        if out not in live.inplace:  # the new value is a view (gathered after an update on shards)
+            return [], False
+        transposed = set().union(*live.copy_groups.get(b, []))
+        if out not in live.inplace or not transposed.issuperset(late):
             alloc.busy.append((0, 0, False))
-            return [Temp(tl.size(*b), 0, last, tag=b)]
+            return [Temp(tl.size(*b), 0, last, tag=b)], True
         late = [r2 for r in late for r2 in tl.mreaders.get(r, (r,))]
         alloc.busy.append((0, made, False))
-        return [Temp(tl.size(*b), 0, min(last, max(late, default=last)), tag=b)]
+        return [Temp(tl.size(*b), 0, min(last, max(late, default=last)), tag=b)], False
 
     def _late_readers(self, live: PlanLiveness, b: Buf, made: int, combined: tuple[tuple[int, int], ...]) -> list[int]:
         """The readers of a donated argument's buffer not provably before its new value's
