@@ -413,6 +413,26 @@ def test_weights_gathered_in_two_hops_hold_one_middle_at_a_time():
         assert LOW <= r <= HIGH, (name, r)
 
 
+def test_a_gathered_weight_read_transposed_is_freed_once_copied():
+    """A GPT AdamW step, FSDP on 2x2x2: each attention weight is all-gathered at the start and
+    read in another order by its forward and its backward products. XLA copies the gathered
+    weight into that order as soon as it exists and both products read the copy, so the
+    gathered buffer is freed then. Held until the backward product beside its copy, twelve
+    weights were counted twice: 1.118 of the compiled figure."""
+    transformer, make_mesh = _experts("transformer", "common.make_mesh")
+
+    mesh = make_mesh((2, 2, 2))
+    prob = transformer.build("gpt", mesh)
+    plan = shardsat.saturate_and_extract(prob.fn, mesh, *prob.args, profile="h100", memory_limit=None,
+                                         state_argnums=prob.state_argnums, in_shardings=prob.experts["FSDP"])
+    args = _concrete(prob.args)
+    want = jax.jit(prob.fn)(*args)
+    got = plan.jit()(*args)  # donates the state
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-3, atol=1e-5), got, want)
+    r = plan.cost.memory.total / plan.compiled_memory(*prob.args)
+    assert LOW <= r <= HIGH, r
+
+
 def test_combined_reductions_of_fused_gradients_start_when_the_gradients_are_made():
     """A llama AdamW step, DP+FSDP+TP on 2x2x2: XLA:CPU combines the gradients' reduce-scatters
     into one all-reduce per group of axes. Where a gradient is fused into its producer (no

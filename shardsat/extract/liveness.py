@@ -552,6 +552,7 @@ class PlanLiveness:
         self.gathered_in_order = gathered_in_order(self, reads)
         self._stored(reads)
         recomputed = recomputed_reads(self, reads)
+        copied_views: list[tuple[Buf, int]] = []
         for t in range(len(tl.seq) - 1, -1, -1):
             outs = [k for k in tl.first[t] if k in self.produced]
             if not outs and not (tl.seq[t].effects and not tl.seq[t].outputs):
@@ -570,10 +571,14 @@ class PlanLiveness:
                     self.inplace.add((k, self.produced[k]))
             copied = self.copied.get(t, ())
             for pos, (ka, lid, whole) in enumerate(reads[t]):
-                if lid is not None and lid != self.produced.get(ka):
+                view = lid is not None and lid != self.produced.get(ka)
+                if view:
                     self.view_readers.setdefault((ka, lid), set()).add(t)
                 cp = pos in copied and not self._written_transposed(ka, lid)
                 c = self._copy_time(t, ka, lid) if cp else lo
+                if cp and view and copied_view(self, (ka, lid), t, whole):
+                    copied_views.append(((ka, lid), t))  # its read is the copy's (copied_views_read)
+                    continue
                 self.read(ka, lid, min(c, lo), c if cp else hi, whole or (ka, lid) in self.sliced_masks)
             for c, (ka, lid, whole) in recomputed.get(t, ()):
                 self.read(ka, lid, min(c, lo), c, whole)
@@ -584,6 +589,7 @@ class PlanLiveness:
             if k is not None and lid is not None:  # an output in another layout is a view too
                 self.read(tl.redirect.get(k, k), lid, end, end, True)
         self._views()
+        copied_views_read(self, copied_views)
         self._combine()
         self._transposes(reads)
         self._literal_broadcasts()
@@ -899,6 +905,25 @@ class PlanLiveness:
         best, best_t = heap_peak(left)
         at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
         return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
+
+
+def copied_view(live: PlanLiveness, b: Buf, t: int, whole: bool) -> bool:
+    """A dot at `t` reads view `b` through a transposed copy: the view exists by then."""
+    s = live.step_to.get(b)
+    if s is None or (COLLECTIVES[s.kind].fuses and not whole):  # type: ignore[attr-defined]
+        return False
+    live.born[b] = min(live.born.get(b, t), t)
+    return True
+
+
+def copied_views_read(live: PlanLiveness, copied: list[tuple[Buf, int]]) -> None:
+    """A view a dot reads in another order is copied into that order as soon as it exists
+    (breadth first, as _transposes dates the copy) and the dot reads the copy: the view's read
+    is the copy's, a step after its birth, not the dot's (a gathered weight read transposed by
+    its forward and backward products is one copy between them, the gathered buffer freed)."""
+    for b, t in copied:
+        if b in live.born:
+            live.last[b] = max(live.last.get(b, live.born[b]), min(live.born[b] + 1, t))
 
 
 def sliced_by_readers(live: PlanLiveness, b: Buf, t: int, hops: set[Buf]) -> bool:
