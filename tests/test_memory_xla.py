@@ -414,11 +414,11 @@ def test_weights_gathered_in_two_hops_hold_one_middle_at_a_time():
 
 
 def test_a_gathered_weight_read_transposed_is_freed_once_copied():
-    """A GPT AdamW step, FSDP on 2x2x2: each attention weight is all-gathered at the start and
-    read in another order by its forward and its backward products. XLA copies the gathered
-    weight into that order as soon as it exists and both products read the copy, so the
-    gathered buffer is freed then. Held until the backward product beside its copy, twelve
-    weights were counted twice: 1.118 of the compiled figure."""
+    """A GPT AdamW step, FSDP on 2x2x2: each attention weight is all-gathered along a minor
+    dimension at the start and read in another order by its forward and backward products.
+    XLA copies the raw gathered buffer once, into that order, and both products read the copy.
+    Held until the backward product beside its copy, the gathered weights were counted twice:
+    1.118 of the compiled figure."""
     transformer, make_mesh = _experts("transformer", "common.make_mesh")
 
     mesh = make_mesh((2, 2, 2))

@@ -908,19 +908,23 @@ class PlanLiveness:
 
 
 def copied_view(live: PlanLiveness, b: Buf, t: int, whole: bool) -> bool:
-    """A dot at `t` reads view `b` through a transposed copy: the view exists by then."""
+    """A dot at `t` reads view `b` through a transposed copy, and `b` is gathered along a minor
+    dimension (a raw gathered buffer, then a copy into order): XLA copies the raw buffer once,
+    into the order its products read (GPT's attention weights under FSDP), so `b` is a step
+    between the two. Other views read transposed are held until their products: measured,
+    the products read them as they are (FSDP on 2x4 and 4x2 read low when they were not)."""
     s = live.step_to.get(b)
-    if s is None or (COLLECTIVES[s.kind].fuses and not whole):  # type: ignore[attr-defined]
+    if s is None or not (COLLECTIVES[s.kind].transposes_minor and live.minor(b[0], s.dst, s.dim)):  # type: ignore[attr-defined]
         return False
     live.born[b] = min(live.born.get(b, t), t)
     return True
 
 
 def copied_views_read(live: PlanLiveness, copied: list[tuple[Buf, int]]) -> None:
-    """A view a dot reads in another order is copied into that order as soon as it exists
-    (breadth first, as _transposes dates the copy) and the dot reads the copy: the view's read
-    is the copy's, a step after its birth, not the dot's (a gathered weight read transposed by
-    its forward and backward products is one copy between them, the gathered buffer freed)."""
+    """The views of copied_view are copied into their products' order as soon as they exist
+    (breadth first, as _transposes dates the copy), and the products read the copy: a view's
+    read is the copy's, a step after its birth, not the products' (a gathered weight read by
+    its forward and backward products is one copy between them)."""
     for b, t in copied:
         if b in live.born:
             live.last[b] = max(live.last.get(b, live.born[b]), min(live.born[b] + 1, t))
