@@ -201,6 +201,7 @@ class Timeline:
             while r is not None:
                 self.start.setdefault(r, t)
                 r = prog.scans[r].parent
+        self.loop_span = loop_spans(self.seq, prog)
         self.redirect: dict[Key, Key] = {}
         for reg in prog.scans:
             if reg.folded or reg.kind not in ("scan", "while"):
@@ -210,6 +211,19 @@ class Timeline:
                 if kc is not None and kf is not None and kc != kf:
                     self.redirect[kc] = kf
                     self.rep.setdefault(kc, cin)
+
+    def held_through(self, t: int, born: int) -> int:
+        """A buffer made before a loop and read inside it is read by every iteration: it lives
+        until the loop's last instant (the outermost such loop's)."""
+        end = t
+        r = self.seq[t].region if t < len(self.seq) else None
+        while r is not None:
+            reg = self.program.scans[r]
+            span = self.loop_span.get(reg.params.get("loop", r) if reg.kind == "while_cond" else r)
+            if span is not None and span[0] > born:
+                end = max(end, span[1])
+            r = reg.parent
+        return end
 
     def birth_time(self, t: int) -> int:
         """A loop's stacked outputs and final carries exist from the loop's start."""
@@ -271,6 +285,23 @@ class Timeline:
             got = memo[(id(e), pos)] = self._reads_whole(e, pos, a)
         return got
 
+    def enters_loop(self, e: Equation, a: int) -> bool:
+        """Does `e` read `a` inside a real loop that `a` is made outside of? XLA passes it into
+        the while loop whole: no producer or slice fuses into the body's reader."""
+        prog, outer = self.program, set()
+        r = prog.values[a].region
+        while r is not None:
+            outer.add(r)
+            r = prog.scans[r].parent
+        r = e.region
+        while r is not None and r not in outer:
+            reg = prog.scans[r]
+            loop = prog.scans[reg.params.get("loop", r)] if reg.kind == "while_cond" else reg
+            if not loop.folded and loop.kind in ("scan", "while") and loop.index not in outer:
+                return True
+            r = reg.parent
+        return False
+
     def degenerate(self, e: Equation) -> bool:
         """A reduction over size-1 dimensions only: XLA's simplifier makes it a reshape."""
         if fusion.kind(e) != fusion.Fuse.REDUCE or not e.inputs or not isinstance(e.inputs[0], int):
@@ -286,6 +317,8 @@ class Timeline:
         return fusion.unfused_concatenation(e, tuple(v.shape), itemsize(v.dtype))
 
     def _reads_whole(self, e: Equation, pos: int, a: int) -> bool:
+        if self.enters_loop(e, a):
+            return True  # an element of the loop's state: made (resharded) before the loop runs
         if self.degenerate(e):
             return False
         if self.unfused_concatenation(e) or (e.outputs and fusion.folds_into_dots(e, self._readers.get(e.outputs[0], []))):
@@ -576,13 +609,14 @@ class PlanLiveness:
                     self.view_readers.setdefault((ka, lid), set()).add(t)
                 cp = pos in copied and not self._written_transposed(ka, lid)
                 c = self._copy_time(t, ka, lid) if cp else lo
-                if cp and view and copied_view(self, (ka, lid), t, whole):
+                if cp and view and copied_view(self, (ka, lid), t):
                     copied_views.append(((ka, lid), t))  # its read is the copy's (copied_views_read)
                     continue
                 self.read(ka, lid, min(c, lo), c if cp else hi, whole or (ka, lid) in self.sliced_masks)
             for c, (ka, lid, whole) in recomputed.get(t, ()):
                 self.read(ka, lid, min(c, lo), c, whole)
-        self._init_reads()
+        read_last = dict(self.last)  # the equations' reads, not the loops' of their initial carries
+        read_initial_carries(self)
         end = len(tl.seq)
         for o, lid in zip(tl.program.outputs, self.ex.root_layouts, strict=True):
             k = tl.key(o) if isinstance(o, int) else None
@@ -590,6 +624,7 @@ class PlanLiveness:
                 self.read(tl.redirect.get(k, k), lid, end, end, True)
         self._views()
         copied_views_read(self, copied_views)
+        held_through_loops(self, read_last)
         self._combine()
         self._transposes(reads)
         self._literal_broadcasts()
@@ -791,17 +826,6 @@ class PlanLiveness:
         for (b, _), g in groups.items():
             self.copy_groups.setdefault(b, []).append(g)
 
-    def _init_reads(self) -> None:
-        """A loop reads its initial carry when it starts, in the carry's layout."""
-        tl, prog = self.tl, self.tl.program
-        for reg in prog.scans:
-            if reg.folded or reg.kind not in ("scan", "while") or reg.index not in tl.start:
-                continue
-            t = tl.start[reg.index]
-            for cin, a in zip(reg.carry_in, reg.init, strict=True):
-                if isinstance(a, int) and tl.key(a) is not None:
-                    self.read(tl.key(a), self.ex.carry_layouts.get(cin), t, t, True)  # type: ignore[arg-type]
-
     def _views(self) -> None:
         """Each view (a collective's result) is made from its source when first needed: deepest
         first, so a source's last read includes making every view below it. XLA's breadth-first
@@ -907,7 +931,7 @@ class PlanLiveness:
         return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
 
 
-def copied_view(live: PlanLiveness, b: Buf, t: int, whole: bool) -> bool:
+def copied_view(live: PlanLiveness, b: Buf, t: int) -> bool:
     """A dot at `t` reads view `b` through a transposed copy, and `b` is gathered along a minor
     dimension (a raw gathered buffer, then a copy into order): XLA copies the raw buffer once,
     into the order its products read (GPT's attention weights under FSDP), so `b` is a step
@@ -1143,6 +1167,44 @@ def dense_expansions(live: PlanLiveness) -> list[tuple[int, int, int]]:
             lo, hi, _, n = masks.get(key, (t, t, 0, 0))
             masks[key] = (min(lo, born, t), max(hi, t), groups * math.prod(shard), n + 1)
     return out + [(lo, hi, size) for lo, hi, size, n in masks.values() if n > 1]
+
+
+def read_initial_carries(live: PlanLiveness) -> None:
+    """A loop reads its initial carry when it starts, in the carry's layout."""
+    tl, prog = live.tl, live.tl.program
+    for reg in prog.scans:
+        if reg.folded or reg.kind not in ("scan", "while") or reg.index not in tl.start:
+            continue
+        t = tl.start[reg.index]
+        for cin, a in zip(reg.carry_in, reg.init, strict=True):
+            if isinstance(a, int) and tl.key(a) is not None:
+                live.read(tl.key(a), live.ex.carry_layouts.get(cin), t, t, True)  # type: ignore[arg-type]
+
+
+def held_through_loops(live: PlanLiveness, read_last: dict[Buf, int]) -> None:
+    """Each buffer's equation reads (`read_last`, before the loops' reads of their initial
+    carries) inside a loop it was made before hold it to the loop's end (Timeline.held_through),
+    once the views' birth times are known."""
+    for b, last in read_last.items():
+        if b in live.born:
+            live.last[b] = max(live.last[b], live.tl.held_through(last, live.born[b]))
+
+
+def loop_spans(seq: list[Equation], prog: Program) -> dict[int, tuple[int, int]]:
+    """Each real loop's (first, last) instant, its predicate's region included: XLA runs a
+    while loop (a scan is one) as one instruction over its body and condition."""
+    spans: dict[int, tuple[int, int]] = {}
+    for t, e in enumerate(seq):
+        r = e.region
+        while r is not None:
+            reg = prog.scans[r]
+            lp = reg.params.get("loop", r) if reg.kind == "while_cond" else r
+            loop = prog.scans[lp]
+            if not loop.folded and loop.kind in ("scan", "while"):
+                lo, hi = spans.get(lp, (t, t))
+                spans[lp] = (min(lo, t), max(hi, t))
+            r = reg.parent
+    return spans
 
 
 def stack_initial_values(live: PlanLiveness) -> list[tuple[int, int, int]]:
