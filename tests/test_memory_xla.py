@@ -615,6 +615,14 @@ def test_a_value_resharded_into_a_loop_is_a_buffer():
     _probe_in_band("scan_remat_train", (2, 2, 2))
 
 
+def test_reductions_in_a_loops_body_are_combined_there_alone():
+    """XLA combines all-reduces within one computation: a reduction in a cond's branch inside a
+    scan's body is not combined with those of the entry or of the other branch. Combined across
+    computations, the estimate held the branch's reduce-scatter sources to a common instant:
+    1.198 of compiled for a scan of alternating tanh / relu layers on 2x4."""
+    _probe_in_band("cond_in_scan", (2, 4))
+
+
 def test_a_gathered_sequence_read_by_products_is_copied_once():
     """Sequence parallelism on 1x8 (Megatron pins): the normed activation is all-gathered along
     the sequence (a minor dimension) and read by the three QKV products, which all want it in

@@ -678,19 +678,21 @@ class PlanLiveness:
     def _combine(self) -> None:
         """XLA:CPU combines all-reduces that do not depend on one another into one (a
         reduce-scatter is an all-reduce there), but only those over the same device groups
-        (AllReduceCombiner keys on the replica groups): per group of mesh axes, the last wave of
+        (AllReduceCombiner keys on the replica groups) and within one computation (a loop's body, a
+        branch: computation_at): per computation and group of mesh axes, the last wave of
         reductions (that no other reduction waits for) runs once all their sources exist, which
         stay live until then. `combined`: per group, (sources, their ancestors) as bitsets of
         positions of the first wave."""
         tl = self.tl
-        groups: dict[tuple[int, ...], list[tuple[Buf, object, int, int]]] = {}
+        groups: dict[tuple[object, ...], list[tuple[Buf, object, int, int]]] = {}
         for b, s in self.step_to.items():
             src = tl.made_at.get(b[0])
             if COLLECTIVES[s.kind].sums and b in self.born and src is not None:  # type: ignore[attr-defined]
                 bits = 0
                 for p in self.view_readers.get(b, ()):
                     bits |= 1 << p
-                groups.setdefault(tuple(sorted(s.axes)), []).append((b, s, src, bits))  # type: ignore[attr-defined]
+                key = (computation_at(tl, src), tuple(sorted(s.axes)))  # type: ignore[attr-defined]
+                groups.setdefault(key, []).append((b, s, src, bits))
         self.combined = tuple(self._combine_group(reds) for reds in groups.values())
 
     def _combine_group(self, reds: list[tuple[Buf, object, int, int]]) -> tuple[int, int]:
@@ -1188,6 +1190,19 @@ def held_through_loops(live: PlanLiveness, read_last: dict[Buf, int]) -> None:
     for b, last in read_last.items():
         if b in live.born:
             live.last[b] = max(live.last[b], live.tl.held_through(last, live.born[b]))
+
+
+def computation_at(tl: Timeline, t: int) -> int | None:
+    """The region XLA compiles as a computation of its own that runs position `t`: a real loop's
+    body or condition, or a branch; None for the entry computation (a folded loop is replayed
+    there). XLA's passes, the all-reduce combiner among them, work within one computation."""
+    r = tl.seq[t].region
+    while r is not None:
+        reg = tl.program.scans[r]
+        if not reg.folded and reg.kind in ("scan", "while", "while_cond", "branch"):
+            return r
+        r = reg.parent
+    return None
 
 
 def loop_spans(seq: list[Equation], prog: Program) -> dict[int, tuple[int, int]]:
