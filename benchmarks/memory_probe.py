@@ -1,7 +1,9 @@
 """Predicted vs compiled memory on realistic programs outside the expert benchmark: a cumulative
 sum, remat, lax.scan over layers (with and without jax.checkpoint), a GNN step, attention, LSTMs,
 a conv net, an embedding's scatter-add, top-k and sort, a while loop, layer norm + GELU with
-AdamW, a cond, and a vocabulary-sized cross-entropy. Each is planned free (no pins) on each mesh
+AdamW, a cond, a vocabulary-sized cross-entropy; and loops as training code writes them:
+gradient accumulation over microbatches, several SGD steps in a fori_loop, nested scans, a cond
+inside a scan, a scanned transformer with AdamW, a checkpoint policy, a power iteration. Each is planned free (no pins) on each mesh
 and compiled on 8 simulated CPU devices, measured and tabled as benchmarks/memory.py does
 (predicted / compiled per-device total: arguments + outputs not aliased + temps).
 
@@ -191,6 +193,97 @@ def softmax_xent_vocab():
         return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(h @ w), y[:, None], 1))
     return _sgd(lambda w, h, y: loss(w, h, y), 0.1), (S((512, 32768), F32), S((2048, 512), F32),
                                                       S((2048,), jnp.int32))
+
+
+def _mlp(p: Any, x: Any) -> Any:
+    return jnp.tanh(x @ p["w1"]) @ p["w2"]
+
+
+@program
+def grad_accum_adam():
+    opt = optax.adam(1e-3)
+
+    def step(p, st, xs):
+        def micro(g, x):
+            gi = jax.grad(lambda p: jnp.mean(_mlp(p, x) ** 2))(p)
+            return jax.tree.map(jnp.add, g, gi), None
+        g, _ = lax.scan(micro, jax.tree.map(jnp.zeros_like, p), xs)
+        u, st = opt.update(g, st, p)
+        return optax.apply_updates(p, u), st
+    ps = {"w1": S((1024, 4096), F32), "w2": S((4096, 1024), F32)}
+    return step, (ps, jax.eval_shape(opt.init, ps), S((4, 256, 1024), F32))
+
+
+@program
+def fori_sgd_steps():
+    def run(p, x):
+        def one(i, p):
+            g = jax.grad(lambda p: jnp.mean(_mlp(p, x) ** 2))(p)
+            return jax.tree.map(lambda a, b: a - 0.01 * b, p, g)
+        return lax.fori_loop(0, 3, one, p)
+    return run, ({"w1": S((1024, 2048), F32), "w2": S((2048, 1024), F32)}, S((512, 1024), F32))
+
+
+@program
+def nested_scan_rnn():
+    def loss(ws, xs):
+        def layer(h, w):
+            def cell(c, x):
+                c = jnp.tanh(c @ w + x)
+                return c, c
+            return lax.scan(cell, jnp.zeros((xs.shape[1], w.shape[0])), h)[1], None
+        return jnp.mean(lax.scan(layer, xs, ws)[0] ** 2)
+    return _sgd(loss), (S((3, 512, 512), F32), S((16, 64, 512), F32))
+
+
+@program
+def cond_in_scan():
+    def loss(ws, x):
+        def body(h, wi):
+            w, i = wi
+            return lax.cond(i % 2 == 0, lambda h: jnp.tanh(h @ w), lambda h: jax.nn.relu(h @ w), h), None
+        return jnp.mean(lax.scan(body, x, (ws, jnp.arange(ws.shape[0])))[0] ** 2)
+    return _sgd(loss), (S((4, 1024, 1024), F32), S((512, 1024), F32))
+
+
+@program
+def scan_transformer_adam():
+    d, h, f, n = 256, 4, 1024, 4
+
+    def block(x, p):
+        q, k, v = (jnp.einsum("bsd,dhk->bhsk", x, p[w]) for w in ("wq", "wk", "wv"))
+        a = jax.nn.softmax(jnp.einsum("bhsk,bhtk->bhst", q, k) / 8.0, axis=-1)
+        x = x + jnp.einsum("bshk,hkd->bsd", jnp.einsum("bhst,bhtk->bshk", a, v), p["wo"])
+        return x + jax.nn.gelu(x @ p["w1"]) @ p["w2"], None
+
+    def loss(ps, x):
+        return jnp.mean(lax.scan(block, x, ps)[0] ** 2)
+    opt = optax.adamw(1e-3)
+    ps = {"wq": S((n, d, h, d // h), F32), "wk": S((n, d, h, d // h), F32), "wv": S((n, d, h, d // h), F32),
+          "wo": S((n, h, d // h, d), F32), "w1": S((n, d, f), F32), "w2": S((n, f, d), F32)}
+    return _adam(loss, opt), (ps, jax.eval_shape(opt.init, ps), S((16, 128, d), F32))
+
+
+@program
+def scan_policy_remat():
+    def body(x, p):
+        return x + jnp.tanh(x @ p["w1"]) @ p["w2"], None
+
+    def loss(ps, x):
+        pol = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+        return jnp.mean(lax.scan(jax.checkpoint(body, policy=pol), x, ps)[0] ** 2)
+    return _sgd(loss), ({"w1": S((6, 512, 2048), F32), "w2": S((6, 2048, 512), F32)}, S((32, 128, 512), F32))
+
+
+@program
+def while_power_iter():
+    def f(a, v):
+        def body(c):
+            v = a @ c[0]
+            return v / jnp.linalg.norm(v), c[1] + 1
+        v, _ = lax.while_loop(lambda c: c[1] < 20, body, (v, 0))
+        return v, a @ v
+    return f, (S((4096, 4096), F32), S((4096, 64), F32))
 
 
 def main(argv: list[str] | None = None) -> int:
