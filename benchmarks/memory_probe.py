@@ -3,7 +3,7 @@ sum, remat, lax.scan over layers (with and without jax.checkpoint), a GNN step, 
 a conv net, an embedding's scatter-add, top-k and sort, a while loop, layer norm + GELU with
 AdamW, a cond, a vocabulary-sized cross-entropy; and loops as training code writes them:
 gradient accumulation over microbatches, several SGD steps in a fori_loop, nested scans, a cond
-inside a scan, a scanned transformer with AdamW, a checkpoint policy, a power iteration. Each is planned free (no pins) on each mesh
+inside a scan, a scanned transformer with AdamW, a checkpoint policy, a power iteration; dropout. Each is planned free (no pins) on each mesh
 and compiled on 8 simulated CPU devices, measured and tabled as benchmarks/memory.py does
 (predicted / compiled per-device total: arguments + outputs not aliased + temps).
 
@@ -284,6 +284,15 @@ def while_power_iter():
         v, _ = lax.while_loop(lambda c: c[1] < 20, body, (v, 0))
         return v, a @ v
     return f, (S((4096, 4096), F32), S((4096, 64), F32))
+
+
+@program
+def dropout_mlp_train():
+    def loss(p, x, key):
+        h = jax.nn.relu(x @ p["w1"])
+        return jnp.mean((jnp.where(jax.random.bernoulli(key, 0.9, h.shape), h / 0.9, 0) @ p["w2"]) ** 2)
+    return _sgd(loss), ({"w1": S((1024, 4096), F32), "w2": S((4096, 1024), F32)}, S((1024, 1024), F32),
+                        S((2,), jnp.uint32))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,6 +102,7 @@ class Timeline:
         self.literal_broadcasts = self._literal_broadcasts()
         platform = spaces.mesh.platform
         self.cumulative = [t for t, e in enumerate(self.seq) if rule_for(e.primitive).prefix_scan]
+        self.draws = [t for t, e in enumerate(self.seq) if e.name == "random_bits"]
         self.flattened = {k for t, e in enumerate(self.seq) if e.name == "dot_general"
                           and fusion.flattened_product(e, tuple(len(program.values[a].shape) if isinstance(a, int)
                                                                 else 0 for a in e.inputs)) for k in self.first[t]}
@@ -631,6 +632,7 @@ class PlanLiveness:
         self.transient += dense_expansions(self)
         self.transient += blocked_scan_copies(self)
         self.transient += stack_initial_values(self)
+        self.transient += threefry_state(self)
 
     def _literal_broadcasts(self) -> None:
         """A broadcast literal the library reductions read (Timeline._literal_broadcasts): one
@@ -1238,6 +1240,24 @@ def stack_initial_values(live: PlanLiveness) -> list[tuple[int, int, int]]:
                 v = tl.program.values[tl.rep[k]]
                 first.setdefault((tuple(v.shape), str(v.dtype), b[1]), (live.born[b], b))
     return [(0, t, tl.size(*b)) for t, b in first.values() if t > 0]  # type: ignore[arg-type]
+
+
+def threefry_state(live: PlanLiveness) -> list[tuple[int, int, int]]:
+    """(start, end, bytes) of random bits' counter words (fusion.threefry_words) beyond the
+    result's own buffer: held until its last reader, and the loop's new words at the draw."""
+    tl, out = live.tl, []
+    for t in tl.draws:
+        for k in tl.first[t]:
+            b = (k, live.produced.get(k))
+            if b not in live.born:
+                continue
+            held, instant = fusion.threefry_words(tl.seq[t], tl.spaces.mesh.platform)
+            v = tl.program.values[tl.rep[k]]
+            words = 4 * math.prod(tl.spaces.layouts[b[1]].shard_shape(v.shape, tl.spaces.mesh))  # type: ignore[index]
+            born = live.born[b]  # type: ignore[index]
+            out += [(born, max(live.last.get(b, born), born), max(0, held * words - tl.size(*b))),  # type: ignore[arg-type]
+                    (born, born, instant * words)]
+    return out
 
 
 def blocked_scan_copies(live: PlanLiveness) -> list[tuple[int, int, int]]:
