@@ -3,7 +3,8 @@ sum, remat, lax.scan over layers (with and without jax.checkpoint), a GNN step, 
 a conv net, an embedding's scatter-add, top-k and sort, a while loop, layer norm + GELU with
 AdamW, a cond, a vocabulary-sized cross-entropy; and loops as training code writes them:
 gradient accumulation over microbatches, several SGD steps in a fori_loop, nested scans, a cond
-inside a scan, a scanned transformer with AdamW, a checkpoint policy, a power iteration; dropout. Each is planned free (no pins) on each mesh
+inside a scan, a scanned transformer with AdamW, a checkpoint policy, a power iteration; dropout;
+bfloat16 products, cast from float32 weights and on bfloat16 weights. Each is planned free (no pins) on each mesh
 and compiled on 8 simulated CPU devices, measured and tabled as benchmarks/memory.py does
 (predicted / compiled per-device total: arguments + outputs not aliased + temps).
 
@@ -293,6 +294,24 @@ def dropout_mlp_train():
         return jnp.mean((jnp.where(jax.random.bernoulli(key, 0.9, h.shape), h / 0.9, 0) @ p["w2"]) ** 2)
     return _sgd(loss), ({"w1": S((1024, 4096), F32), "w2": S((4096, 1024), F32)}, S((1024, 1024), F32),
                         S((2,), jnp.uint32))
+
+
+@program
+def bf16_mlp_adam():
+    def loss(p, x):
+        h = jax.nn.gelu(x.astype(jnp.bfloat16) @ p["w1"].astype(jnp.bfloat16))
+        return jnp.mean((h @ p["w2"].astype(jnp.bfloat16)).astype(F32) ** 2)
+    ps = {"w1": S((1024, 4096), F32), "w2": S((4096, 1024), F32)}
+    opt = optax.adam(1e-3)
+    return _adam(loss, opt), (ps, jax.eval_shape(opt.init, ps), S((2048, 1024), F32))
+
+
+@program
+def bf16_params_sgd():
+    def loss(p, x):
+        return jnp.mean((jax.nn.relu(x @ p["w1"]) @ p["w2"]).astype(F32) ** 2)
+    bf = jnp.bfloat16
+    return _sgd(loss), ({"w1": S((1024, 4096), bf), "w2": S((4096, 1024), bf)}, S((2048, 1024), bf))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,6 +83,7 @@ class Timeline:
                 self._literals[lk] = self._literals.get(lk, 0) + 1
         base = self.seq = [e for e in execution_order(program) if id(e) not in dead]
         self._keys()
+        self.widened: set[Key] = set()  # widened_keys, once the order is known
         self._static_stored()
         self._schedule(base)
         # XLA:CPU's library fusions (YNNPACK), found in this order
@@ -93,6 +94,7 @@ class Timeline:
         if self.inside:
             self._schedule(base)  # each library fusion is one instruction: its members pass readiness on
         self.in_library = {k for f in self.fusions for k in f.inside | f.roots}
+        self.widened, self.widened_args = widened_keys(self)
         self._regions()
         self._dependencies()
         self.read_at = read_positions(self)
@@ -426,7 +428,7 @@ class Timeline:
 
     def size(self, k: Key, lid: int) -> int:
         v = self.program.values[self.rep[k]]
-        return self.spaces.shard_bytes(self.spaces.space(v.shape, v.dtype), lid)
+        return self.spaces.shard_bytes(self.spaces.space(v.shape, v.dtype), lid) * (2 if k in self.widened else 1)
 
 
 def execution_order(program: Program) -> list[Equation]:
@@ -632,7 +634,7 @@ class PlanLiveness:
         self.transient += dense_expansions(self)
         self.transient += blocked_scan_copies(self)
         self.transient += stack_initial_values(self)
-        self.transient += threefry_state(self)
+        self.transient += threefry_state(self) + widened_arguments(self)
 
     def _literal_broadcasts(self) -> None:
         """A broadcast literal the library reductions read (Timeline._literal_broadcasts): one
@@ -1190,8 +1192,9 @@ def held_through_loops(live: PlanLiveness, read_last: dict[Buf, int]) -> None:
     carries) inside a loop it was made before hold it to the loop's end (Timeline.held_through),
     once the views' birth times are known."""
     for b, last in read_last.items():
-        if b in live.born:
-            live.last[b] = max(live.last[b], live.tl.held_through(last, live.born[b]))
+        end = live.tl.held_through(last, live.born[b]) if b in live.born else last
+        if end > last:  # only then: later rules may have moved a read earlier (copied_views_read)
+            live.last[b] = max(live.last[b], end)
 
 
 def computation_at(tl: Timeline, t: int) -> int | None:
@@ -1205,6 +1208,48 @@ def computation_at(tl: Timeline, t: int) -> int | None:
             return r
         r = reg.parent
     return None
+
+
+def widened_keys(tl: Timeline) -> tuple[set[Key], dict[int, list[int]]]:
+    """Half-precision values XLA:CPU keeps in float32 (fusion.widened_values): a product's
+    computed operands and results; and per position, the operands that are arguments, which
+    keep their own buffers beside a float32 copy (widened_arguments). A library fusion of
+    several ops converts inside itself: what it computes and reads keeps its dtype."""
+    prog, out, at = tl.program, set(), {}
+    args = set(prog.args) | set(prog.const_values)
+    several = {k for f in tl.fusions if f.inside for k in f.inside | f.roots}
+    for t, e in enumerate(tl.seq):
+        if any(k in several for k in tl.first[t]):
+            continue
+        atoms = [*e.inputs, *e.outputs]
+        dtypes = [str(prog.values[a].dtype) if isinstance(a, int) else "" for a in atoms]
+        for i in fusion.widened_values(e, dtypes, tl.spaces.mesh.platform):
+            a = atoms[i]
+            k = tl.key(a) if isinstance(a, int) else None
+            if k is not None and a in args:
+                at.setdefault(t, []).append(i)
+            elif k is not None and k not in several:
+                out.add(k)
+    return out, at
+
+
+def widened_arguments(live: PlanLiveness) -> list[tuple[int, int, int]]:
+    """(start, end, bytes) of the float32 copies of half-precision arguments products read on
+    CPU: one per argument and layout, made when the read layout exists (XLA's breadth-first
+    schedule converts an argument at the start), held until the last such product."""
+    tl, spans = live.tl, {}
+    for t, ops in tl.widened_args.items():
+        if not any(k in live.produced for k in tl.first[t]):
+            continue
+        lids = tl.operand_layouts(t, live.ch)
+        for pos in ops:
+            k = tl.key(tl.seq[t].inputs[pos])  # type: ignore[arg-type]
+            lid = lids[pos] if pos < len(lids) and lids[pos] is not None else live.produced.get(k)  # type: ignore[arg-type]
+            if k is None or lid is None:
+                continue
+            lo, hi = spans.get((k, lid), (live.born.get((k, lid), 0), t))
+            spans[(k, lid)] = (min(lo, t), max(hi, t))
+    return [(lo, hi, 2 * tl.size(k, lid)) for (k, lid), (lo, hi) in spans.items()]
 
 
 def loop_spans(seq: list[Equation], prog: Program) -> dict[int, tuple[int, int]]:
