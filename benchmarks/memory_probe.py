@@ -4,7 +4,7 @@ a conv net, an embedding's scatter-add, top-k and sort, a while loop, layer norm
 AdamW, a cond, a vocabulary-sized cross-entropy; and loops as training code writes them:
 gradient accumulation over microbatches, several SGD steps in a fori_loop, nested scans, a cond
 inside a scan, a scanned transformer with AdamW, a checkpoint policy, a power iteration; dropout;
-bfloat16 products, cast from float32 weights and on bfloat16 weights. Each is planned free (no pins) on each mesh
+bfloat16 products, cast from float32 weights and on bfloat16 weights; an int8 product. Each is planned free (no pins) on each mesh
 and compiled on 8 simulated CPU devices, measured and tabled as benchmarks/memory.py does
 (predicted / compiled per-device total: arguments + outputs not aliased + temps).
 
@@ -312,6 +312,15 @@ def bf16_params_sgd():
         return jnp.mean((jax.nn.relu(x @ p["w1"]) @ p["w2"]).astype(F32) ** 2)
     bf = jnp.bfloat16
     return _sgd(loss), ({"w1": S((1024, 4096), bf), "w2": S((4096, 1024), bf)}, S((2048, 1024), bf))
+
+
+@program
+def int8_matmul():
+    def f(wq, scale, x):
+        xq = jnp.clip(jnp.round(x * 16), -127, 127).astype(jnp.int8)
+        y = lax.dot_general(xq, wq, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+        return jax.nn.relu(y.astype(F32) * scale / 16)
+    return f, (S((2048, 4096), jnp.int8), S((4096,), F32), S((1024, 2048), F32))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -919,7 +919,8 @@ class PlanLiveness:
         (output, donated) allocations."""
         flat = self.tl.flattened
         temps = [Temp(self.tl.size(*b), t, max(self.last.get(b, t), t), b in self.inplace, b,
-                      (b[0] in flat or b[0] in self.held) and b not in self.step_to)
+                      (b[0] in flat or b[0] in self.held or retyped_at(self.tl, b[0], self.last.get(b, t)))
+                      and b not in self.step_to)
                  for b, t in self.born.items()
                  if b not in excluded and b not in self.middles and self.is_buffer(b) and b not in self.pieces
                  and b not in self.sliced_whole]
@@ -935,6 +936,17 @@ class PlanLiveness:
         best, best_t = heap_peak(left)
         at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
         return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
+
+
+def retyped_at(tl: Timeline, k: Key, t: int) -> bool:
+    """Does the op at `t` (the last to read `k`) write another element type? XLA shares an
+    operand's buffer with its user only where both have one shape, element type included
+    (`CanShareOperandBufferWithUser`): an int8 product's s32 result is not overwritten by its
+    f32 epilogue, though both are 4 bytes."""
+    if t >= len(tl.seq) or not tl.seq[t].outputs:
+        return False
+    out = tl.program.values[tl.seq[t].outputs[0]].dtype
+    return str(out) != str(tl.program.values[tl.rep[k]].dtype)
 
 
 def copied_view(live: PlanLiveness, b: Buf, t: int) -> bool:
