@@ -225,6 +225,13 @@ class Program:
             vid = self.aliases[vid]
         return vid
 
+    def run_loop(self, r: int) -> int | None:
+        """The loop XLA runs region `r` in as one while instruction: a scan or while loop not
+        folded (its body), or a while loop's predicate region (its loop); None otherwise."""
+        reg = self.scans[r]
+        loop = self.scans[reg.params["loop"]] if reg.kind == "while_cond" else reg
+        return loop.index if not loop.folded and loop.kind in ("scan", "while") else None
+
     def is_folded_body(self, vid: int) -> bool:
         """A value of a folded loop's body: it stands for its repeats' arrays, not one of its own."""
         r = self.values[vid].region

@@ -221,11 +221,11 @@ class Timeline:
         end = t
         r = self.seq[t].region if t < len(self.seq) else None
         while r is not None:
-            reg = self.program.scans[r]
-            span = self.loop_span.get(reg.params.get("loop", r) if reg.kind == "while_cond" else r)
+            lp = self.program.run_loop(r)
+            span = self.loop_span.get(lp) if lp is not None else None
             if span is not None and span[0] > born:
                 end = max(end, span[1])
-            r = reg.parent
+            r = self.program.scans[r].parent
         return end
 
     def birth_time(self, t: int) -> int:
@@ -298,11 +298,10 @@ class Timeline:
             r = prog.scans[r].parent
         r = e.region
         while r is not None and r not in outer:
-            reg = prog.scans[r]
-            loop = prog.scans[reg.params.get("loop", r)] if reg.kind == "while_cond" else reg
-            if not loop.folded and loop.kind in ("scan", "while") and loop.index not in outer:
+            lp = prog.run_loop(r)
+            if lp is not None and lp not in outer:
                 return True
-            r = reg.parent
+            r = prog.scans[r].parent
         return False
 
     def degenerate(self, e: Equation) -> bool:
@@ -1216,7 +1215,7 @@ def computation_at(tl: Timeline, t: int) -> int | None:
     r = tl.seq[t].region
     while r is not None:
         reg = tl.program.scans[r]
-        if not reg.folded and reg.kind in ("scan", "while", "while_cond", "branch"):
+        if tl.program.run_loop(r) is not None or reg.kind == "branch":
             return r
         r = reg.parent
     return None
@@ -1271,13 +1270,11 @@ def loop_spans(seq: list[Equation], prog: Program) -> dict[int, tuple[int, int]]
     for t, e in enumerate(seq):
         r = e.region
         while r is not None:
-            reg = prog.scans[r]
-            lp = reg.params.get("loop", r) if reg.kind == "while_cond" else r
-            loop = prog.scans[lp]
-            if not loop.folded and loop.kind in ("scan", "while"):
+            lp = prog.run_loop(r)
+            if lp is not None:
                 lo, hi = spans.get(lp, (t, t))
                 spans[lp] = (min(lo, t), max(hi, t))
-            r = reg.parent
+            r = prog.scans[r].parent
     return spans
 
 
