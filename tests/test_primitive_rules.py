@@ -166,6 +166,8 @@ OLD_SIGNATURES |= {"psum": p.positional_collective, "pmax": p.positional_collect
                    "pmin": p.positional_collective, "reduce": p.reduce_generic}
 OLD_REDUCE = OLD_REDUCE | {"psum", "pmax", "pmin", "reduce"}
 ALL_OLD = ALL_OLD | {"psum", "pmax", "pmin", "reduce"}
+# random_bits is drawn split where the generator is partitionable threefry (replicated otherwise)
+OLD_SIGNATURES |= {"random_bits": p.random_bits}
 
 
 def _old_linear(name: str, t: EqnTypes) -> tuple[tuple[int, ...], ...]:

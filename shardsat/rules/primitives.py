@@ -333,6 +333,31 @@ def iota(t: EqnTypes) -> FactorSignature:
                 flops=float(t.out_size))
 
 
+# threefry2x32 per output word: 20 rounds of add, rotate (two shifts and an or) and xor, and
+# five key injections; an estimate, for the compute a split draw saves
+THREEFRY_OPS = 110
+
+
+def random_bits(t: EqnTypes) -> FactorSignature:
+    """jax.random's bits: with jax_threefry_partitionable (the default since jax 0.5) each
+    element's bits are threefry of the key and the element's own index, so any dimension can be
+    split and each device draws only its block (XLA's partitioner slices the index iota). A batch
+    of keys shares its dimensions with the leading ones of the result. Other generators (rbg)
+    and the non-partitionable threefry draw replicated."""
+    if not _partitionable(t.in_dtypes[0]):
+        return replicated(t)
+    fac = _dims("d", len(t.out_shapes[0]))
+    key = tuple((f,) for f in fac[:len(t.in_shapes[0])])
+    return _sig(t, [key], [tuple((f,) for f in fac)], flops=float(t.out_size * THREEFRY_OPS))
+
+
+def _partitionable(key_dtype: Any) -> bool:
+    import jax
+
+    impl = getattr(key_dtype, "_impl", None)
+    return getattr(impl, "name", None) == "threefry2x32" and bool(jax.config.jax_threefry_partitionable)
+
+
 def _same_except(t: EqnTypes, fixed: set[int], operand_idx: list[int],
                  linear: tuple[tuple[int, ...], ...] = ((0,),)) -> FactorSignature:
     """Operands in `operand_idx` and the result share dims, except dims in `fixed` or of another

@@ -122,9 +122,9 @@ _BUILTIN: list[PrimitiveRule] = [
     _op("scan_stack", p.scan_stack, writes_slot=True),  # each iteration writes its own slot of ys
     _op("scan_final", p.elementwise, fusible=True),
     _op("cond_merge", p.cond_merge),
-    # ---- PRNG key plumbing and bit generation: every device draws the same (replicated) bits,
-    # which consumers slice for free. Correct everywhere; sharded generation is future work.
-    *(_replicated(name) for name in ("random_bits", "random_seed", "random_wrap", "random_unwrap",
+    # ---- PRNG: bits drawn where they are used (partitionable threefry); keys, small, replicated
+    _op("random_bits", p.random_bits),
+    *(_replicated(name) for name in ("random_seed", "random_wrap", "random_unwrap",
                                      "random_split", "random_fold_in", "random_gamma")),
     # lax.platform_dependent's branch index: a scalar the lowering fixes
     _replicated("platform_index"),
