@@ -3,7 +3,7 @@ sum, remat, lax.scan over layers (with and without jax.checkpoint), a GNN step, 
 a conv net, an embedding's scatter-add, top-k and sort, a while loop, layer norm + GELU with
 AdamW, a cond, a vocabulary-sized cross-entropy; and loops as training code writes them:
 gradient accumulation over microbatches, several SGD steps in a fori_loop, nested scans, a cond
-inside a scan, a scanned transformer with AdamW, a checkpoint policy, a power iteration; dropout;
+inside a scan, a scanned transformer with AdamW, a checkpoint policy, a power iteration; dropout (an MLP, and two transformer blocks with three dropout sites each);
 bfloat16 products, cast from float32 weights and on bfloat16 weights; an int8 product. Each is planned free (no pins) on each mesh
 and compiled on 8 simulated CPU devices, measured and tabled as benchmarks/memory.py does
 (predicted / compiled per-device total: arguments + outputs not aliased + temps).
@@ -294,6 +294,35 @@ def dropout_mlp_train():
         return jnp.mean((jnp.where(jax.random.bernoulli(key, 0.9, h.shape), h / 0.9, 0) @ p["w2"]) ** 2)
     return _sgd(loss), ({"w1": S((1024, 4096), F32), "w2": S((4096, 1024), F32)}, S((1024, 1024), F32),
                         S((2,), jnp.uint32))
+
+
+@program
+def dropout_transformer_adam():
+    """Two transformer blocks with dropout on the attention probabilities and both residual
+    branches (keys folded per layer and site), AdamW: the draws are most of the activations."""
+    d, h, f, n, rate = 256, 4, 1024, 2, 0.1
+
+    def drop(key, x):
+        return jnp.where(jax.random.bernoulli(key, 1.0 - rate, x.shape), x / (1.0 - rate), 0.0)
+
+    def block(x, p, key):
+        q, k, v = (jnp.einsum("bsd,dhk->bhsk", x, p[w]) for w in ("wq", "wk", "wv"))
+        a = drop(jax.random.fold_in(key, 0), jax.nn.softmax(jnp.einsum("bhsk,bhtk->bhst", q, k) / 8.0, axis=-1))
+        x = x + drop(jax.random.fold_in(key, 1), jnp.einsum("bshk,hkd->bsd", jnp.einsum("bhst,bhtk->bshk", a, v), p["wo"]))
+        return x + drop(jax.random.fold_in(key, 2), jax.nn.gelu(x @ p["w1"]) @ p["w2"])
+
+    def loss(ps, x, key):
+        for i, p in enumerate(ps):
+            x = block(x, p, jax.random.fold_in(key, i))
+        return jnp.mean(x ** 2)
+
+    def step(ps, st, x, key):
+        u, st = opt.update(jax.grad(loss)(ps, x, key), st, ps)
+        return optax.apply_updates(ps, u), st
+    opt = optax.adamw(1e-3)
+    ps = [{"wq": S((d, h, d // h), F32), "wk": S((d, h, d // h), F32), "wv": S((d, h, d // h), F32),
+           "wo": S((h, d // h, d), F32), "w1": S((d, f), F32), "w2": S((f, d), F32)} for _ in range(n)]
+    return step, (ps, jax.eval_shape(opt.init, ps), S((16, 128, d), F32), S((2,), jnp.uint32))
 
 
 @program
