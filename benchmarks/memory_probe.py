@@ -3,9 +3,10 @@ sum, remat, lax.scan over layers (with and without jax.checkpoint), a GNN step, 
 a conv net, an embedding's scatter-add, top-k and sort, a while loop, layer norm + GELU with
 AdamW, a cond, a vocabulary-sized cross-entropy; and loops as training code writes them:
 gradient accumulation over microbatches, several SGD steps in a fori_loop, nested scans, a cond
-inside a scan, a scanned transformer with AdamW, a checkpoint policy, a power iteration; dropout (an MLP, and two transformer blocks with three dropout sites each);
-bfloat16 products, cast from float32 weights and on bfloat16 weights; an int8 product. Each is planned free (no pins) on each mesh
-and compiled on 8 simulated CPU devices, measured and tabled as benchmarks/memory.py does
+inside a scan, a scanned transformer with AdamW, a checkpoint policy, a power iteration; dropout
+(an MLP, with an rbg key too, and two transformer blocks with three dropout sites each); bfloat16
+products, cast from float32 weights and on bfloat16 weights; an int8 product. Each is planned
+free (no pins) on each mesh and compiled on 8 simulated CPU devices, measured and tabled as benchmarks/memory.py does
 (predicted / compiled per-device total: arguments + outputs not aliased + temps).
 
     .venv/bin/python benchmarks/memory_probe.py                        # every program, 2x4 2x2x2 1x8
@@ -294,6 +295,13 @@ def dropout_mlp_train():
         return jnp.mean((jnp.where(jax.random.bernoulli(key, 0.9, h.shape), h / 0.9, 0) @ p["w2"]) ** 2)
     return _sgd(loss), ({"w1": S((1024, 4096), F32), "w2": S((4096, 1024), F32)}, S((1024, 1024), F32),
                         S((2,), jnp.uint32))
+
+
+@program
+def dropout_mlp_rbg():
+    """dropout_mlp_train with an rbg key (XLA's RngBitGenerator draws the bits)."""
+    step, args = PROGRAMS["dropout_mlp_train"]()
+    return (lambda p, x, raw: step(p, x, jax.random.wrap_key_data(raw, impl="rbg"))), (*args[:2], S((4,), jnp.uint32))
 
 
 @program

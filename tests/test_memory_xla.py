@@ -639,6 +639,20 @@ def test_random_bits_hold_both_counter_words():
     _probe_in_band("dropout_mlp_train", (2, 4))
 
 
+def test_rbg_bits_are_the_generators_output_alone():
+    """An rbg key draws with XLA's RngBitGenerator, which holds no threefry counter words: the
+    estimate counted four words per element anyway, 2.68 of compiled for dropout on 2x4."""
+    _probe_in_band("dropout_mlp_rbg", (2, 4))
+
+
+def test_threefry_not_partitionable_holds_one_word_per_element():
+    """With jax_threefry_partitionable off, jax hashes half as many counters, each into two
+    words: one word per element held, one more at the draw (the estimate counted the
+    partitionable draw's two and two: 1.73 of compiled for dropout on 2x4)."""
+    with jax.threefry_partitionable(False):
+        _probe_in_band("dropout_mlp_train", (2, 4))
+
+
 @pytest.mark.parametrize("name,atol", [("bf16_mlp_adam", 2.5e-3), ("bf16_params_sgd", 0.0)])
 def test_half_precision_products_hold_float32_buffers_on_cpu(name, atol):
     """XLA:CPU has no bfloat16 products: it computes them in float32, converting the operands

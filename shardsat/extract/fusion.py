@@ -18,6 +18,7 @@ import heapq
 from collections.abc import Callable, Hashable, Sequence
 
 from ..egraph.program import Equation, Literal
+from ..rules.primitives import prng_impl, threefry_partitionable
 from ..rules.registry import rule_for
 from ..rules.rule import Fuse
 
@@ -315,16 +316,20 @@ def dense_ragged_operands(eqn: Equation, platform: str) -> tuple[int, ...]:
     return (0, 1) if ragged in l_contract else (0,)
 
 
-def threefry_words(eqn: Equation, platform: str) -> tuple[int, int]:
+def threefry_words(eqn: Equation, key_dtype: object, platform: str) -> tuple[int, int]:
     """(held, instant): 32-bit words per element of a `random_bits` result XLA holds. jax draws
     bits with threefry2x32 over two counter words per element (jax_threefry_partitionable, the
     default) and xors the two into the bits, a step each reader fuses: the two words live until
     the bits' last reader. On CPU jax rolls the rounds into a while loop whose body writes two
     new words beside its state: two more at the draw. Measured on 8 CPU devices: dropout drawn
-    for a 1024x4096 activation held 64 MiB of temporaries, 4 words per element."""
-    if eqn.name != "random_bits":
+    for a 1024x4096 activation held 64 MiB of temporaries, 4 words per element. Without
+    partitionable threefry jax hashes half as many counters, each giving two words: one word
+    per element, and one more at the draw (32 MiB there). rbg keys draw with XLA's
+    RngBitGenerator, which writes the bits alone (16.4 MiB there: counted as 64 before)."""
+    if eqn.name != "random_bits" or prng_impl(key_dtype) != "threefry2x32":
         return (0, 0)
-    return (2, 2) if platform == "cpu" else (2, 0)
+    held = 2 if threefry_partitionable() else 1
+    return (held, held) if platform == "cpu" else (held, 0)
 
 
 HALF_FLOATS = frozenset({"bfloat16", "float16"})

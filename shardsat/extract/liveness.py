@@ -1305,7 +1305,9 @@ def threefry_state(live: PlanLiveness) -> list[tuple[int, int, int]]:
             b = (k, live.produced.get(k))
             if b not in live.born:
                 continue
-            held, instant = fusion.threefry_words(tl.seq[t], tl.spaces.mesh.platform)
+            e = tl.seq[t]
+            key_dtype = tl.program.values[e.inputs[0]].dtype if isinstance(e.inputs[0], int) else None
+            held, instant = fusion.threefry_words(e, key_dtype, tl.spaces.mesh.platform)
             v = tl.program.values[tl.rep[k]]
             words = 4 * math.prod(tl.spaces.layouts[b[1]].shard_shape(v.shape, tl.spaces.mesh))  # type: ignore[index]
             born = live.born[b]  # type: ignore[index]

@@ -344,18 +344,24 @@ def random_bits(t: EqnTypes) -> FactorSignature:
     split and each device draws only its block (XLA's partitioner slices the index iota). A batch
     of keys shares its dimensions with the leading ones of the result. Other generators (rbg)
     and the non-partitionable threefry draw replicated."""
-    if not _partitionable(t.in_dtypes[0]):
+    if not (prng_impl(t.in_dtypes[0]) == "threefry2x32" and threefry_partitionable()):
         return replicated(t)
     fac = _dims("d", len(t.out_shapes[0]))
     key = tuple((f,) for f in fac[:len(t.in_shapes[0])])
     return _sig(t, [key], [tuple((f,) for f in fac)], flops=float(t.out_size * THREEFRY_OPS))
 
 
-def _partitionable(key_dtype: Any) -> bool:
+def prng_impl(key_dtype: Any) -> str | None:
+    """The PRNG implementation of a key array's dtype (threefry2x32, rbg, unsafe_rbg); None
+    for any other dtype."""
+    return getattr(getattr(key_dtype, "_impl", None), "name", None)
+
+
+def threefry_partitionable() -> bool:
+    """jax_threefry_partitionable: threefry's bits by each element's own index (jax's default)."""
     import jax
 
-    impl = getattr(key_dtype, "_impl", None)
-    return getattr(impl, "name", None) == "threefry2x32" and bool(jax.config.jax_threefry_partitionable)
+    return bool(jax.config.jax_threefry_partitionable)
 
 
 def _same_except(t: EqnTypes, fixed: set[int], operand_idx: list[int],
