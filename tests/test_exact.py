@@ -362,7 +362,7 @@ class Synthetic:
         model, spaces, edges = self.tables()
         ex = Extractor(self.graph, self.node_cost, list(range(self.graph.num_groups)), spaces, edges, model)
         rounds = split_rounds(ex.graph, self.roots, (), {}, None)
-        return agreed_bound(ex.graph, self.roots, rounds, target, seconds=10.0, max_rounds=40)
+        return agreed_bound(ex.graph, self.roots, rounds, target, evaluations=float("inf"), max_rounds=40)
 
     def brute_force(self) -> float:
         return brute_force(self.graph, self.node_cost, self.roots, PARTIAL)

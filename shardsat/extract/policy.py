@@ -38,11 +38,13 @@ FAMILY_RELEASED = 1
 # the split bound (extract/splitbound.py) costs ~0.2 s per round on a 4-layer GPT step's 1.26M
 # e-nodes on 2x2x2 (three rounds with loop-carried state): beyond this, the per-value one alone
 SPLIT_BOUND_NODES = 2_000_000
-# ... raised by agreement prices (extract/agreement.py) for this share of the search's own time,
-# and at least AGREEMENT_MIN_S: rounds of ~0.06 s on a 2-layer GPT step's 49k e-nodes (2x4), ~0.1
-# s on its 2x2x2 e-graph. A time budget, so the bound (never the plan) varies a little by machine
+# ... raised by agreement prices (extract/agreement.py) for about this share of the search's own
+# time, counted in work (Extractor.work) so that a plan's bound is the same on any machine: one
+# group's evaluation by the dynamic program takes the time of AGREEMENT_GROUP_WORK units of the
+# search's work (2.3-4 on the experts' training steps: a round of the 2-layer GPT step's 806
+# priced groups takes 33 / 35 / 64 ms on 8 / 2x4 / 2x2x2, a unit of work 10 / 15 / 34 us)
 AGREEMENT_SHARE = 0.2
-AGREEMENT_MIN_S = 0.02
+AGREEMENT_GROUP_WORK = 3.0
 # priors="auto" narrows each value's layouts (egraph/narrow.py) when the program (folded) has
 # more (value, layout) pairs than this: 4-layer GPT / llama steps have 83k / 118k on 2x2x2 (1.3 M
 # / 1.9 M e-nodes, planned whole), 80k / 111k on 4x4x4, and 389k-594k on 2x2x2x2 and 2x2x2x4,
@@ -79,7 +81,7 @@ class SearchPolicy:
     whole_tp_in_full: bool  # ... and tensor parallelism over the whole mesh completed in full
     bound: bool  # the plan's lower bound and gap are computed
     split_bound: bool  # ... with the split bound too, else the per-value bound alone
-    agreement_share: float  # ... raised by agreement prices for this share of the search's time
+    agreement_share: float  # ... raised by agreement prices for this share of the search's work
 
     @classmethod
     def derive(cls, method: str, nodes: int, active_axes: int, exact_seconds: float = EXACT_SECONDS) -> SearchPolicy:

@@ -22,7 +22,7 @@ from .exact import solve_exact
 from .families import Family
 from .greedy import EPS, Extractor
 from .memory import MemoryEstimate
-from .policy import AGREEMENT_MIN_S, SearchPolicy
+from .policy import AGREEMENT_GROUP_WORK, SearchPolicy
 from .result import Extraction
 from .splitbound import split_rounds
 
@@ -83,19 +83,15 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, policy: Search
                                 describe=p.describe, combinable=p.combinable, weight=p.weight)
     work = ex.work[0]
     best = _local_search(p, ex, node_cost, deadline, policy)
-    exact_s = 0.0
     if policy.exact:
-        t_exact = time.perf_counter()
         best = _exact(p, node_cost, best, deadline, policy.exact_seconds)
-        exact_s = time.perf_counter() - t_exact
     if policy.families and p.families and best.exact_status != "optimal":
         budget = float("inf") if policy.family_share is None else policy.family_share * (ex.work[0] - work)
         best = _family_starts(p, ex, node_cost, best, policy, deadline, budget)
     best.explainer = ex.explain
     ex.forget_search()
     if best.gap is None and policy.bound:
-        searched = time.perf_counter() - t0 - exact_s  # the integer program's time limit is no measure of the graph
-        bound_gap(best, max(ex.lower_bound(p.roots), _split(p, ex, best, policy, searched)))
+        bound_gap(best, max(ex.lower_bound(p.roots), _split(p, ex, best, policy, ex.work[0] - work)))
     best.seconds = time.perf_counter() - t0
     return best
 
@@ -346,15 +342,16 @@ def _pressed(p: Problem, ex: Extractor, node_cost: np.ndarray, best: Extraction)
     return ex.with_costs(node_cost + PRESSURE * best.total_s / held * weights, p.weight)
 
 
-def _split(p: Problem, ex: Extractor, best: Extraction, policy: SearchPolicy, spent: float) -> float:
+def _split(p: Problem, ex: Extractor, best: Extraction, policy: SearchPolicy, worked: int) -> float:
     """The split bound, raised by agreement prices (extract/agreement.py) for a share of the
-    time the search took; 0.0 where the policy computes the per-value bound alone."""
+    work the search did (`worked`: Extractor.work); 0.0 where the policy computes the per-value
+    bound alone."""
     if not policy.split_bound:
         return 0.0
     pins = p.place_pins or {}
     rounds = split_rounds(ex.graph, p.roots, p.ties, pins, best)
-    seconds = max(AGREEMENT_MIN_S, policy.agreement_share * spent)
-    return agreed_bound(ex.graph, p.roots, rounds, best.total_s, seconds)
+    evaluations = policy.agreement_share * worked / AGREEMENT_GROUP_WORK
+    return agreed_bound(ex.graph, p.roots, rounds, best.total_s, evaluations)
 
 
 def bound_gap(ex: Extraction, lower_bound: float) -> None:
