@@ -67,6 +67,41 @@ def test_zero_size_arrays_plan_without_fallback(mesh, fn, x):
     assert_equivalent(plan, fn, x)
 
 
+def test_empty_slices_do_not_gather_their_operands(mesh):
+    """lax.associative_scan's last level slices nothing out of its input and concatenates the
+    empty piece back. An equation touching an array with no elements was replicated with all its
+    operands, so a batch-split scan all-gathered its input (a linear recurrence in a training
+    step on 2x4: four all-gathers, 1.8x a data-parallel jax.jit's compiled step)."""
+    def scan(x):
+        return lax.associative_scan(lambda a, b: a + b, jnp.tanh(x), axis=1) * 2
+
+    def pieces(x):
+        y = jnp.tanh(x)
+        return jnp.concatenate([y[:, :0], y[:, 3:5]], axis=1) * 2, y[:, 5:5] + 1, jnp.concatenate([y[:0], y[:0]])
+
+    x = jnp.linspace(-1, 1, 16 * 64 * 32).reshape(16, 64, 32)
+    for fn in (scan, pieces):
+        plan = strict_plan(fn, mesh, x, in_shardings=(P(("data", "model")),))
+        assert not plan.cost.collectives, plan.cost.collectives
+        assert sum(plan.hlo_collectives(x).values()) == 0
+        assert_equivalent(plan, fn, x)
+
+
+def test_a_callback_on_an_empty_array_still_runs(mesh):
+    """A result with no elements is a constant, but an equation with effects stays."""
+    seen = []
+
+    def f(x):
+        jax.debug.callback(lambda e: seen.append(e.shape), x[:0] * 2)
+        return x * 2
+
+    x = jnp.ones((8, 16))
+    plan = strict_plan(f, mesh, x)
+    jax.block_until_ready(plan.jit()(x))
+    assert (0, 16) in seen
+    assert_equivalent(plan, f, x)
+
+
 @pytest.mark.parametrize("fn", [lambda x: None, lambda x: {}, lambda x: 3.0, lambda x: (x, 2, None)])
 def test_functions_returning_no_arrays(mesh, fn):
     x = jnp.ones((8, 16))

@@ -634,6 +634,8 @@ class _Builder:
             for v, o in zip(eqn.outvars, outs, strict=True):
                 env[v] = self._materialize_literal(o, v.aval) if isinstance(o, Literal) else o
             return
+        if self._zero_size(eqn, ins, env, region):
+            return
         folded = _fold_literal(eqn, ins)
         if folded is not None:
             env[eqn.outvars[0]] = folded
@@ -643,9 +645,39 @@ class _Builder:
         for v, o in zip(eqn.outvars, out_ids, strict=True):
             env[v] = o
 
+    def _zero_size(self, eqn: jcore.JaxprEqn, ins: list[Atom], env: dict[Any, int], region: int | None) -> bool:
+        """Arrays with no elements, as lax.associative_scan's last level makes: an equation whose
+        results all have none is a constant (its operands are not read), and a concatenate
+        leaves out its operands with none. Else the equation is replicated by rule
+        (rules/apply.signature_for), its other operands with it: an all-gather of the scan's
+        non-empty input for a slice of nothing."""
+        if eqn.effects:
+            return False
+        avals = [v.aval for v in eqn.outvars]
+        if avals and all(_no_elements(a) for a in avals):
+            for v, a in zip(eqn.outvars, avals, strict=True):
+                env[v] = self.new_const(a, np.zeros(a.shape, a.dtype))
+            return True
+        if eqn.primitive.name != "concatenate":
+            return False
+        keep = [a for a, v in zip(ins, eqn.invars, strict=True) if not _no_elements(v.aval)]
+        if not keep or len(keep) == len(ins):
+            return False
+        out = self.equation(eqn.primitive, dict(eqn.params), keep, avals, eqn.source_info, region)
+        env[eqn.outvars[0]] = out[0]
+        return True
+
     def _materialize_literal(self, lit: Literal, aval: Any) -> int:
         """A literal that crosses a call boundary becomes a constant value."""
         return self.new_const(aval, np.asarray(lit.value, dtype=lit.dtype))
+
+
+def _no_elements(aval: Any) -> bool:
+    """A plain array (not a PRNG key, not float0) with a dimension of size 0."""
+    shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+    if shape is None or 0 not in shape or dtype is None or is_extended(dtype):
+        return False
+    return np.dtype(dtype) != np.dtype(jax.dtypes.float0)
 
 
 def _fold_literal(eqn: jcore.JaxprEqn, ins: list[Atom]) -> Literal | None:
