@@ -76,12 +76,24 @@ def _reference_mesh(plan: Plan, args: tuple[Any, ...]) -> Any:
     return jax.set_mesh(plan.runtime_mesh)
 
 
+# With the default tolerance, a leaf may differ from the unsharded run by up to this many times
+# what another layout of the same function (jax.jit, arguments split along their first
+# dimension) differs by: Adam's first step divides each gradient by its own size, so the
+# summation order alone moves a near-zero gradient's update by up to the learning rate (a
+# transformer's key bias: 0.054 in a plan, 0.048 under data-parallel jax.jit); plans and jax.jit's
+# own layouts measured within 2x of each other there
+NOISE_FACTOR = 4.0
+
+
 def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any = None) -> None:
     """Run the plan and the unsharded function on `args`; compare every output leaf.
 
-    The error of a leaf is max|sharded - unsharded| / max|unsharded|, at most `rtol`: by default
-    per output dtype (`default_rtol`: 1e-5 for float32, 8 ulps for bfloat16 and float16). Raises
-    PlanMismatchError naming the output's pytree path and its error.
+    The error of a leaf is max|sharded - unsharded| / max|unsharded|, at most `rtol`. By default
+    (rtol None) the tolerance is per output dtype (`default_rtol`: 1e-5 for float32, 8 ulps for
+    bfloat16 and float16), or NOISE_FACTOR times the error of jax.jit with the arguments split
+    along their first dimension where that is more: an output that the summation order alone
+    moves further (an optimizer normalising a near-zero gradient) is compared with what
+    another layout gives. Raises PlanMismatchError naming the output's pytree path and its error.
     """
     _check_is_plan(plan, "check_plan")
     _check_rtol(rtol, allow_none=True)
@@ -96,31 +108,73 @@ def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any
     wl, wt = jax.tree_util.tree_flatten(want)
     if gt != wt:
         raise PlanMismatchError(f"The plan returns structure {gt}, the function {wt}.")
+    other: list[Any] | None = None
     bad = []
-    for path, g, w in zip(plan.program.out_paths, gl, wl, strict=True):
-        g, w = np.asarray(g), np.asarray(w)
-        if g.shape != w.shape or g.dtype != w.dtype:
-            bad.append(f"  * {path}: {g.dtype}{list(g.shape)} vs {w.dtype}{list(w.shape)}")
-            continue
-        if w.size == 0:
-            continue
-        if w.dtype == bool or np.issubdtype(w.dtype, np.integer):
-            n = int(np.sum(g != w))
-            if n:
-                bad.append(f"  * {path}: {n} of {w.size} elements differ")
-            continue
-        g64, w64 = widened(g, w)
-        same = (g64 == w64) | (np.isnan(g64) & np.isnan(w64))  # equal infinities and NaNs match
-        if same.all():
-            continue
-        finite = np.isfinite(w64)
-        scale = float(np.max(np.abs(w64[finite]))) if finite.any() else 1.0
-        err = float(np.max(np.abs(np.where(same, 0.0, g64 - w64)))) / (scale or 1.0)
-        tol = default_rtol(w.dtype) if rtol is None else rtol
-        if not err <= tol:
-            bad.append(f"  * {path}: relative error {err:.3g} > {tol:g}")
+    for n, (path, g, w) in enumerate(zip(plan.program.out_paths, gl, wl, strict=True)):
+        problem, err = _leaf_problem(np.asarray(g), np.asarray(w))
+        if problem is None and err is not None:
+            tol = default_rtol(np.asarray(w).dtype) if rtol is None else rtol
+            if not err <= tol and rtol is None:
+                if other is None:
+                    other = _other_layout(plan, fn, args)
+                    other = other if len(other) == len(wl) else []
+                alt = _leaf_problem(np.asarray(other[n]), np.asarray(w))[1] if other else None
+                if alt is not None and err <= NOISE_FACTOR * alt:
+                    continue
+                tol_text = f"{tol:g}" + ("" if alt is None else f" (jax.jit with the arguments split: {alt:.3g})")
+            else:
+                tol_text = f"{tol:g}"
+            if not err <= tol:
+                problem = f"relative error {err:.3g} > {tol_text}"
+        if problem is not None:
+            bad.append(f"  * {path}: {problem}")
     if bad:
         raise PlanMismatchError(f"Plan for `{plan.program.name}` differs from the unsharded function:\n" + "\n".join(bad))
+
+
+def _leaf_problem(g: np.ndarray, w: np.ndarray) -> tuple[str | None, float | None]:
+    """(a mismatch that no tolerance excuses, or None; the relative error of a float leaf, or
+    None where it matches exactly or is not a float)."""
+    if g.shape != w.shape or g.dtype != w.dtype:
+        return f"{g.dtype}{list(g.shape)} vs {w.dtype}{list(w.shape)}", None
+    if w.size == 0:
+        return None, None
+    if w.dtype == bool or np.issubdtype(w.dtype, np.integer):
+        n = int(np.sum(g != w))
+        return (f"{n} of {w.size} elements differ" if n else None), None
+    g64, w64 = widened(g, w)
+    same = (g64 == w64) | (np.isnan(g64) & np.isnan(w64))  # equal infinities and NaNs match
+    if same.all():
+        return None, None
+    finite = np.isfinite(w64)
+    scale = float(np.max(np.abs(w64[finite]))) if finite.any() else 1.0
+    return None, float(np.max(np.abs(np.where(same, 0.0, g64 - w64)))) / (scale or 1.0)
+
+
+def _other_layout(plan: Plan, fn: Any, args: tuple[Any, ...]) -> list[Any]:
+    """The function's outputs under jax.jit with each array argument split along its first
+    dimension over every device where that divides (else whole), on an Auto mesh of the plan's
+    devices: another summation order than one device's, as a measure of what the order alone
+    moves. Empty where that run fails (the default tolerance then holds alone)."""
+    mesh = plan.runtime_mesh
+    if mesh is None:
+        return []
+    auto = jax.sharding.Mesh(mesh.devices, mesh.axis_names,
+                             axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
+
+    def place(x: Any) -> Any:
+        shape = np.shape(x) if isinstance(x, jax.Array | np.ndarray) else None
+        if shape is None:
+            return x
+        split = bool(shape) and shape[0] % auto.size == 0
+        spec = jax.sharding.PartitionSpec(tuple(auto.axis_names)) if split else jax.sharding.PartitionSpec()
+        return jax.device_put(x, jax.sharding.NamedSharding(auto, spec))
+
+    try:
+        with jax.set_mesh(auto):
+            return jax.tree_util.tree_leaves(jax.jit(fn)(*jax.tree_util.tree_map(place, args)))
+    except Exception:  # a function this layout cannot run: no noise floor
+        return []
 
 
 def normalize_collectives(counts: Counter[str]) -> Counter[str]:
