@@ -12,6 +12,7 @@ import numpy as np
 
 from .checks import integer, real
 from .egraph.collectives import COLLECTIVES
+from .egraph.layout import auto_mesh
 from .egraph.program import bind
 from .egraph.rewrite import Rewrite
 from .errors import InvalidArgumentError, ShardsatError
@@ -116,6 +117,7 @@ def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any
         problem, err = _leaf_problem(np.asarray(g), np.asarray(w))
         if problem is None and err is not None:
             tol = default_rtol(np.asarray(w).dtype) if rtol is None else rtol
+            alt = None
             if not err <= tol and rtol is None:
                 if other is None:
                     other = _other_layout(plan, fn, args)
@@ -123,11 +125,9 @@ def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any
                 alt = _leaf_problem(np.asarray(other[n]), np.asarray(w))[1] if other else None
                 if alt is not None and err <= NOISE_FACTOR * alt:
                     continue
-                tol_text = f"{tol:g}" + ("" if alt is None else f" (jax.jit with the arguments split: {alt:.3g})")
-            else:
-                tol_text = f"{tol:g}"
             if not err <= tol:
-                problem = f"relative error {err:.3g} > {tol_text}"
+                split = "" if alt is None else f" (jax.jit with the arguments split: {alt:.3g})"
+                problem = f"relative error {err:.3g} > {tol:g}{split}"
         if problem is not None:
             bad.append(f"  * {path}: {problem}")
     if bad:
@@ -158,11 +158,9 @@ def _other_layout(plan: Plan, fn: Any, args: tuple[Any, ...]) -> list[Any]:
     dimension over every device where that divides (else whole), on an Auto mesh of the plan's
     devices: another summation order than one device's, as a measure of what the order alone
     moves. Empty where that run fails (the default tolerance then holds alone)."""
-    mesh = plan.runtime_mesh
-    if mesh is None:
+    if plan.runtime_mesh is None:
         return []
-    auto = jax.sharding.Mesh(mesh.devices, mesh.axis_names,
-                             axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
+    auto = auto_mesh(plan.runtime_mesh)
 
     def place(x: Any) -> Any:
         shape = np.shape(x) if isinstance(x, jax.Array | np.ndarray) else None
@@ -537,7 +535,7 @@ def standard_layouts(fn: Any, mesh: Any, *args: Any, state_argnums: Any = None) 
             assert free.cost.total_s <= pinned.cost.total_s * (1 + 1e-6), name
     """
     from .egraph.constraints import adopt_constraints
-    from .egraph.layout import MeshAxes, SpaceTable, auto_mesh
+    from .egraph.layout import MeshAxes, SpaceTable
     from .egraph.program import trace
     from .extract.families import family_layouts
     from .pins import resolve_ties
