@@ -111,3 +111,11 @@ def unsharded_flops(fn: Any, args: tuple[Any, ...]) -> float:
     cost = jax.jit(fn).lower(*args).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return float(cost.get("flops", 0.0))
+
+
+def compiled_mib(compiled: Any) -> float:
+    """Per-device MiB of a compiled program as memory_analysis() gives it: arguments + outputs
+    not aliased to a donated argument + temporaries."""
+    ma = compiled.memory_analysis()
+    return (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
+            + ma.temp_size_in_bytes) / 2**20

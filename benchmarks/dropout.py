@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's shardsat first
 
 import jax
-from compiled import compiled_step
+from compiled import compiled_mib, compiled_step
 from jax.sharding import NamedSharding, PartitionSpec
 from memory_probe import PROGRAMS
 
@@ -38,11 +38,6 @@ MESHES = (((2, 4), ("data", "model")), ((2, 2, 2), ("data", "fsdp", "model")), (
 # (program, how many leading arguments are weights and optimizer state)
 CASES = (("dropout_mlp_train", 1), ("dropout_transformer_adam", 2))
 
-
-def _mib(compiled: Any) -> float:
-    ma = compiled.memory_analysis()
-    return (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
-            + ma.temp_size_in_bytes) / 2**20
 
 
 class Expert:
@@ -65,7 +60,7 @@ def row(name: str, state: int, shape: tuple[int, ...], names: tuple[str, ...]) -
     mine = compiled_step(plan, args, plan.profile)
     expert = Expert(fn, args, state, mesh)
     theirs = compiled_step(expert, args, plan.profile)
-    m_mine, m_theirs = _mib(plan.jit().lower(*args).compile()), _mib(expert.jit().lower(*args).compile())
+    m_mine, m_theirs = compiled_mib(plan.jit().lower(*args).compile()), compiled_mib(expert.jit().lower(*args).compile())
     t_mine, t_theirs = mine.compute_us + mine.comm_us, theirs.compute_us + theirs.comm_us
     return (f"| {name} | {'x'.join(map(str, shape))} | {plan.cost.total_s * 1e6:.1f} | {t_mine:.1f} ({mine.collectives}) "
             f"| {m_mine:.1f} | {t_theirs:.1f} ({theirs.collectives}) | {m_theirs:.1f} | {t_mine / t_theirs:.3f} "

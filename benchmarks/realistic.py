@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's shardsat first
 
 import jax
-from compiled import compiled_step
+from compiled import compiled_mib, compiled_step
 from jax.sharding import NamedSharding, PartitionSpec
 from realistic_programs import PROGRAMS
 
@@ -50,11 +50,6 @@ HEADER = ("| program | mesh | planning s | shardsat predicted us | shardsat comp
           "| check |")
 COLUMNS = HEADER.count("|") - 1
 
-
-def _mib(compiled: Any) -> float:
-    ma = compiled.memory_analysis()
-    return (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
-            + ma.temp_size_in_bytes) / 2**20
 
 
 def _structs(tree: Any) -> Any:
@@ -113,7 +108,7 @@ def row(name: str, shape: tuple[int, ...]) -> str:
     mine = compiled_step(plan, args, plan.profile)
     expert = Expert(fn, args, state, data, mesh)
     theirs = compiled_step(expert, args, plan.profile)
-    m_mine, m_theirs = _mib(plan.jit().lower(*args).compile()), _mib(expert.jit().lower(*args).compile())
+    m_mine, m_theirs = compiled_mib(plan.jit().lower(*args).compile()), compiled_mib(expert.jit().lower(*args).compile())
     t_mine, t_theirs = mine.total_us, theirs.total_us
     return (f"| {name} | {'x'.join(map(str, shape))} | {planning:.1f} | {plan.cost.total_s * 1e6:.1f} "
             f"| {t_mine:.1f} ({mine.collectives}) | {m_mine:.1f} | {t_theirs:.1f} ({theirs.collectives}) "
