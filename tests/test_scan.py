@@ -86,3 +86,20 @@ def test_scanned_gpt_training_step_keeps_carry_and_state_layouts():
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         # Adam (eps 1e-8) amplifies summation-order noise in near-zero gradients: see test_training
         assert np.max(np.abs(a - b)) <= 1e-4 * (np.max(np.abs(b)) or 1.0)
+
+
+def test_scanned_gradient_plan_is_near_the_proven_optimum():
+    """A scanned 2-layer gradient on 2x4: the free plan within 1.5x of the integer program's
+    proven optimum (0.86 against 0.66 us, every value whole). Once a gather paid its own latency
+    (XLA:CPU does not combine them), the search settled at 20.5 us with a gather and a
+    reduce-scatter: no local move from a split plan reaches the whole one, and no start was it."""
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    fn = jax.value_and_grad(net)
+    ws, x = weights(2)
+    free = shardsat.saturate_and_extract(fn, mesh, ws, x, profile="h100")
+    best = shardsat.saturate_and_extract(fn, mesh, ws, x, profile="h100", extraction="exact",
+                                         limits=shardsat.Limits(exact_seconds=60))
+    assert best.extraction.exact_status == "optimal"
+    assert free.cost.total_s <= 1.5 * best.cost.total_s, (free.explain(), best.explain())
+    assert_equivalent(free, fn, ws, x)
+    assert_hlo_matches(free, ws, x)

@@ -102,18 +102,26 @@ class Extractor:
         seed: dict[int, int] | None = None,
         explain: bool = True,
         chains: bool = True,
+        whole: bool = False,
     ) -> Extraction:
         """roots: (group, allowed layouts or None for any non-partial) per output.
         place_pins: group -> the layouts an input may be placed in.
         ties: (input group, root index): loop-carried state, placed in the layout it is returned in.
         seed: input group -> the layout the first plan places it in (released for the
           improvement phase): the search is local, so callers try a few global starting points
-          (data parallel, fully sharded state) besides the estimate."""
+          (data parallel, fully sharded state) besides the estimate.
+        whole: the first plan computes every value whole where it can (whole_productions), a
+          start no sequence of local moves from split plans reaches."""
         t0 = time.perf_counter()
         sg = self.graph
         g = sg.g
         prod, place_of = self._pin(place_pins, ties)
         released: dict[int, list[int]] = {}
+        if whole:
+            for h, nodes in sg.whole_productions().items():
+                if h not in place_of and (place_pins is None or h not in place_pins):
+                    released[h] = prod[h]
+                    prod[h] = nodes
         for h, lay in (seed or {}).items():
             nodes = [n for n in prod[h]
                      if NodeKind(int(g.node_kind[n])) == NodeKind.PLACE and int(g.node_b[n]) == lay]

@@ -58,6 +58,7 @@ class SearchCache:
     # per group: a production list (a plan state's, never mutated once built) and the groups its
     # productions read, kept while the list is the one a state holds (the space moves' snapshots)
     operands: dict[int, tuple[list[int], frozenset[int]]] = field(default_factory=dict)
+    whole: dict[int, list[int]] | None = None  # whole_productions
 
 
 def operands_first(operands: list[set[int]], readers: list[set[int]] | None = None) -> list[int]:
@@ -186,6 +187,21 @@ class SearchGraph:
             class_group_l=cg, class_layout_l=cl, group_classes=group_classes,
             cost=node_cost, weight=weight, cost_l=np.asarray(node_cost, dtype=float).tolist(),
             weight_l=np.asarray(weight, dtype=float).tolist(), cache=SearchCache())
+
+    def whole_productions(self) -> dict[int, list[int]]:
+        """Per group, its productions that make the value whole from whole operands (groups with
+        none are left out): the all-replicated starting plan. Cached: structure only."""
+        hit = self.cache.whole
+        if hit is None:
+            layouts = self.spaces.layouts.layouts
+            whole = [not lay.partial and not lay.used_axes() for lay in layouts]
+            hit = {}
+            for grp, nodes in enumerate(self.prod):
+                ok = [n for n in nodes if whole[self.node_layout[n]] and all(whole[lay] for _, lay in self.kid_gl[n])]
+                if ok:
+                    hit[grp] = ok
+            self.cache.whole = hit
+        return hit
 
     def with_costs(self, node_cost: np.ndarray, weight: np.ndarray) -> SearchGraph:
         """The same structure, paths and cache under other node costs and value weights."""
