@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import shardsat
 from shardsat.testing import check_collectives, check_plan
+
+# the H100 preset priced as XLA:GPU compiles (its all-gather and reduce-scatter combiners) on the
+# simulated CPU mesh, whose own XLA combines all-reduces only: for tests of GPU-side choices
+H100_GPU = dataclasses.replace(shardsat.PRESETS["h100"], combining="gpu")
 
 
 def assert_equivalent(plan: shardsat.Plan, fn: Any, *args: Any, rtol: float = 1e-5) -> None:

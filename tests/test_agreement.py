@@ -5,13 +5,14 @@ The bound's validity on programs whose optimum is proven is checked in test_spli
 on synthetic e-graphs against brute force in test_exact.py; here: that it closes the gap on a
 transformer step, and the condition that keeps it valid."""
 
+import dataclasses
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import jax
 import optax
-from test_invariant import MESHES
+from test_invariant import MESHES, PROFILE
 from test_splitbound import planned
 
 from shardsat.extract.agreement import exact_groups
@@ -24,14 +25,16 @@ from models import GPTConfig, gpt_batch, gpt_params, make_gpt_step
 def test_agreement_closes_half_the_gap_on_a_transformer_step(monkeypatch):
     """A 1-layer GPT step with AdamW on 8 devices: the split bound lets the weight gradients read
     the logits' gradient split by vocabulary and the input gradient read it split by batch, for
-    free; 20 rounds of prices close at least 40% of its gap to the plan (about half, measured)."""
+    free; 20 rounds of prices close at least 40% of its gap to the plan (about half, measured).
+    Priced as XLA:GPU combines gathers: on the CPU mesh's own pricing the plan gathers less and
+    the same rounds close 32% (a 1.3x larger gap to close)."""
     cfg = GPTConfig(layers=1, d_model=256, heads=4, mlp=1024, vocab=4096, seq=128, batch=16)
     _, step = make_gpt_step(cfg)
     params = gpt_params(cfg, abstract=True)
     opt_state = jax.eval_shape(optax.adamw(1e-3, weight_decay=0.01).init, params)
     args = ((params, opt_state), gpt_batch(cfg, abstract=True))
     plan, tied, _, agreed = planned(monkeypatch, step, jax.make_mesh(*MESHES["8"]), *args, state_argnums=(0,),
-                                    rounds=20)
+                                    rounds=20, profile=dataclasses.replace(PROFILE, combining="gpu"))
     cost = plan.extraction.total_s
     assert tied < agreed <= cost * (1 + 1e-9)
     assert cost - agreed <= 0.6 * (cost - tied), (tied, agreed, cost)

@@ -3,6 +3,7 @@ the reductions it hands to YNNPACK, size-1 reductions that are reshapes, and cro
 vocabulary-sized buffers against the compiled figure."""
 
 import importlib
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import H100_GPU, assert_hlo_matches
 from jax.sharding import PartitionSpec as P
 
 import shardsat
@@ -19,6 +21,7 @@ from shardsat.egraph.program import Literal, trace
 from shardsat.extract import deadcode, fusion, library
 from shardsat.extract.buffers import Allocation, Temp, chain_copies, share_inplace
 from shardsat.extract.liveness import bfs_order
+from shardsat.testing import check_plan
 
 
 def _experts(*names: str) -> list[Any]:
@@ -170,12 +173,9 @@ def test_data_parallel_adam_step_on_a_2d_mesh_matches_compiled():
     assert LOW <= r <= HIGH, r
 
 
-def test_combined_reduce_scatter_results_live_whole_until_read():
-    """Megatron MLP training on 4x2: the weight gradients are partial over "data" and reduced
-    to shards; XLA:CPU runs every such reduce-scatter as one combined all-reduce whose whole
-    results live until each update slices its shard out. Within the band of the compiled
-    figure (the base estimate, which held the whole buffer for an instant, was 0.85 on the
-    benchmark's MLP4 step)."""
+def _megatron_mlp_step(profile: Any) -> tuple[shardsat.Plan, tuple[Any, Any]]:
+    """Megatron MLP training on 4x2 (weights and moments split over "model", the batch over
+    "data"): the weight gradients are partial over "data"."""
     import optax
 
     mesh = jax.make_mesh((4, 2), ("data", "model"))
@@ -205,9 +205,50 @@ def test_combined_reduce_scatter_results_live_whole_until_read():
         return tp[path[-1].idx] if x.ndim and ("mu" in names or "nu" in names) else P()
 
     pins = ((tp, jax.tree_util.tree_map_with_path(spec, state[1])), {"x": P("data"), "y": P("data")})
-    plan = shardsat.saturate_and_extract(step, mesh, state, batch, in_shardings=pins, profile="h100",
+    plan = shardsat.saturate_and_extract(step, mesh, state, batch, in_shardings=pins, profile=profile,
                                          state_argnums=(0,), memory_limit=None)
-    r = plan.cost.memory.total / plan.compiled_memory(state, batch)
+    return plan, (state, batch)
+
+
+def test_combined_reduce_scatter_results_live_whole_until_read():
+    """The Megatron MLP step priced as XLA:GPU combines gathers: its plan reduces the weight
+    gradients to shards over "data"; XLA:CPU runs every such reduce-scatter as one combined
+    all-reduce whose whole results live until each update slices its shard out. Within the band
+    of the compiled figure (the base estimate, which held the whole buffer for an instant, was
+    0.85 on the benchmark's MLP4 step)."""
+    plan, args = _megatron_mlp_step(H100_GPU)
+    assert plan.cost.count()["reduce-scatter"] > 0, plan.explain()
+    r = plan.cost.memory.total / plan.compiled_memory(*args)
+    assert LOW <= r <= HIGH, r
+
+
+def _collective_ops(plan: shardsat.Plan, *args: Any) -> int:
+    """Collective ops in the compiled HLO: each pays one latency, whatever its tuple holds."""
+    text = plan.jit().lower(*args).compile().as_text()
+    return len(re.findall(r" (?:all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(",
+                          text))
+
+
+def test_cpu_pricing_all_reduces_what_gpu_pricing_scatters_and_gathers():
+    """The same step priced as XLA:CPU compiles it (no all-gather combiner: each gather pays its
+    own latency) reduces the gradients whole and updates replicated over "data": no gathers, and
+    the compiled program holds fewer collectives than the GPU-priced plan's (5 against 17,
+    measured; a compiled step estimate of 104 against 213 us)."""
+    plan, args = _megatron_mlp_step("h100")
+    gpu, _ = _megatron_mlp_step(H100_GPU)
+    assert "all-gather" not in plan.cost.count(), plan.explain()
+    assert _collective_ops(plan, *args) < _collective_ops(gpu, *args)
+    check_plan(plan, *args, rtol=1e-4)
+    assert_hlo_matches(plan, *args)
+
+
+@pytest.mark.xfail(strict=True, reason="known low estimate (0.87): the model reduces each weight gradient (and "
+                   "updates its weight) as it is made, holding three partial gradients and one reduced at its "
+                   "10.5 MiB peak; XLA:CPU combines the four all-reduces after the last gradient and holds four "
+                   "of each (16 MiB of temporaries)")
+def test_all_reduced_gradients_of_a_tensor_parallel_step_match_compiled():
+    plan, args = _megatron_mlp_step("h100")
+    r = plan.cost.memory.total / plan.compiled_memory(*args)
     assert LOW <= r <= HIGH, r
 
 

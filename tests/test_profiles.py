@@ -4,6 +4,7 @@ the alpha-beta fit, and plans that put the heavy communication on the fast mesh 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -19,7 +20,7 @@ import pytest
 
 import shardsat
 from shardsat.runtime.calibrate import KINDS, fit, moved_bytes
-from shardsat.testing import check_plan
+from shardsat.testing import check_collectives, check_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 S = jax.ShapeDtypeStruct
@@ -128,3 +129,28 @@ def test_heavy_communication_goes_over_the_fast_axis(batch: int) -> None:
         check_plan(plan, params, x, reference=mlp_step)
     assert moved["data"]["data"] < moved["model"]["data"] and moved["model"]["model"] < moved["data"]["model"]
     assert np.isfinite(list(moved["data"].values())).all()
+
+
+def _gather_step(ws: list[jax.Array]) -> list[jax.Array]:
+    return [w * 2 for w in ws]
+
+
+def test_independent_gathers_pay_a_latency_each_where_xla_does_not_combine_them() -> None:
+    """Six weights stored split, each returned whole: XLA:CPU has no all-gather combiner (six
+    all-gathers compile to six), XLA:GPU's merges them under one latency. The cost model prices
+    each as the mesh's platform compiles it, unless the profile names another's combiners."""
+    mesh = jax.make_mesh((8,), ("data",))
+    ws = [jax.random.normal(jax.random.key(i), (64, 32 + i)) for i in range(6)]
+    split, whole = [jax.sharding.PartitionSpec("data")] * 6, [jax.sharding.PartitionSpec()] * 6
+    prof = shardsat.DeviceProfile(1e14, 2e12, 1e11, 1e-5, name="slow latency")
+    seconds = {}
+    for combining in (None, "gpu"):
+        plan = shardsat.saturate_and_extract(_gather_step, mesh, ws, in_shardings=(split,), out_shardings=whole,
+                                             profile=dataclasses.replace(prof, combining=combining))
+        gathers = [c for c in plan.cost.collectives if c.kind == "all-gather"]
+        assert len(gathers) == 6, plan.explain()
+        seconds[combining] = [c.seconds for c in gathers]
+        check_plan(plan, ws, reference=_gather_step)
+        check_collectives(plan, ws)  # six all-gathers in the compiled HLO
+    assert all(s >= 1e-5 for s in seconds[None]), seconds  # a whole latency each, on CPU
+    assert all(s < 1e-5 / 4 for s in seconds["gpu"]), seconds  # one shared latency

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
+from helpers import H100_GPU
 from jax.sharding import PartitionSpec as P
 from test_invariant import MESHES, PROFILE, mlp_step
 
@@ -95,7 +96,7 @@ def test_zero_plan_is_proven_within_three_percent(monkeypatch):
     ws = [S((d, d), jnp.float32)] * layers
     args = ((ws, jax.eval_shape(tx.init, ws)), S((batch, d), jnp.float32), S((batch, d), jnp.float32))
     plan, tied, plain, _ = planned(monkeypatch, step, jax.make_mesh((8,), ("data",)), *args, state_argnums=(0,),
-                                   profile="h100")
+                                   profile=H100_GPU)
     cost = plan.extraction.total_s
     assert tied <= cost * (1 + 1e-9)
     assert tied >= 0.97 * cost, (tied, plain, cost)

@@ -7,7 +7,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import assert_hlo_matches
+from helpers import H100_GPU, assert_hlo_matches
 from jax.sharding import PartitionSpec as P
 
 import shardsat
@@ -43,9 +43,10 @@ def data8():
 @pytest.fixture(scope="module")
 def gpt_plans(data8):
     step, state, batch = abstract_state(ACCEPT)
-    plan = shardsat.saturate_and_extract(step, data8, state, batch, profile="h100", state_argnums=(0,))
+    # 8 H100s: XLA:GPU combines the weights' gathers; XLA:CPU would not (see test_cost)
+    plan = shardsat.saturate_and_extract(step, data8, state, batch, profile=H100_GPU, state_argnums=(0,))
     rep = jax.tree_util.tree_map(lambda _: P(), state)
-    dp = shardsat.saturate_and_extract(step, data8, state, batch, profile="h100", state_argnums=(0,),
+    dp = shardsat.saturate_and_extract(step, data8, state, batch, profile=H100_GPU, state_argnums=(0,),
                                        in_shardings=(rep, None))
     return plan, dp, state, batch
 

@@ -242,6 +242,7 @@ def test_limits_accept_integral_floats():
     (dict(combine_max=0), ["combine_max", "0"]),
     (dict(combine_max=2.5), ["combine_max", "2.5"]),
     (dict(combine_threshold_bytes=0), ["combine_threshold_bytes"]),
+    (dict(combining="cuda"), ["combining", "'cuda'", "'gpu'"]),
     (dict(flops_per_s=float("nan")), ["flops_per_s", "nan"]),
     (dict(hbm_bytes_per_s=math.inf), ["hbm_bytes_per_s", "inf"]),
     (dict(link_bytes_per_s="fast"), ["link_bytes_per_s", "'fast'"]),

@@ -88,6 +88,13 @@ class CollectiveKind:
         whole buffer is a temporary)? XLA:GPU and TPU have a native reduce-scatter."""
         return self.cpu_via_all_reduce and platform == "cpu"
 
+    def combines_on(self, platform: str) -> bool:
+        """Can XLA on `platform` merge independent collectives of this kind into one (one latency
+        for all)? XLA:CPU has only an all-reduce combiner: six independent all-gathers (or
+        all-to-alls) compile to six, six all-reduces to one; its reduce-scatter is an all-reduce.
+        XLA:GPU and TPU also combine all-gathers and reduce-scatters."""
+        return self.sums if platform == "cpu" else True
+
     def sliced_send_on(self, platform: str) -> bool:
         """Does XLA on `platform` copy the source into n slices and return n pieces (a tuple
         all-to-all)? XLA:GPU takes an array all-to-all as it is."""

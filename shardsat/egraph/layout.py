@@ -25,8 +25,9 @@ from .program import is_extended, itemsize
 @dataclass(frozen=True)
 class MeshAxes:
     """The mesh as the planner sees it: axis names and sizes. Axes of size 1 are never used.
-    `platform` (the devices' jax platform) only says how XLA lowers some primitives there (the
-    memory model's dense ragged_dot on CPU); two meshes of other platforms plan alike."""
+    `platform` (the devices' jax platform) says how XLA compiles the plan there: which collectives
+    its combiners merge (the cost model), how it lowers some primitives (the memory model's dense
+    ragged_dot on CPU). Equal meshes of two platforms compare equal but may plan differently."""
 
     names: tuple[str, ...]
     sizes: tuple[int, ...]

@@ -96,7 +96,7 @@ class CostModel:
         names = [self.mesh.names[a] for a in axes]
         bw = min(self.profile.link(a) for a in names)
         lat = max(self.profile.latency(a) for a in names)
-        if combinable:
+        if combinable and COLLECTIVES[kind].combines_on(self.profile.combining or self.mesh.platform):
             share = max(b_src, b_dst) / self.profile.combine_threshold_bytes
             lat *= min(1.0, max(share, 1.0 / self.profile.combine_max))
         return CollectiveCost(lat + moved / bw, moved, max(b_src, b_dst))

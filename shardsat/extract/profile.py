@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from jax.sharding import Mesh
 
 PROFILE_FORMAT = "shardsat.DeviceProfile/1"
+PLATFORMS = ("cpu", "gpu", "tpu")
 Rate = float | Mapping[str, float]
 
 
@@ -39,6 +40,9 @@ class DeviceProfile:
     # (xla_gpu_*_combine_threshold_bytes); at most `combine_max` share one latency.
     combine_threshold_bytes: float = 32 * 2**20
     combine_max: int = 16
+    # whose XLA combiners the cost model assumes ("cpu", "gpu", "tpu"); None: the mesh's platform,
+    # where the plan compiles. Set it to price a CPU mesh as the GPU it stands in for (tests).
+    combining: str | None = None
     # bytes per device a program may use: saturate_and_extract's default memory_limit (None: no
     # limit). GPU presets take JAX's default allocator pool, 75% of HBM
     # (XLA_PYTHON_CLIENT_MEM_FRACTION).
@@ -58,6 +62,8 @@ class DeviceProfile:
             None if isinstance(self.name, str) else f"name must be a string, got {self.name!r}",
             real_problem("combine_threshold_bytes", self.combine_threshold_bytes),
             integer_problem("combine_max", self.combine_max),
+            None if self.combining in (None, *PLATFORMS) else
+            f"combining must be None or one of {PLATFORMS}, got {self.combining!r}",
             None if self.memory_bytes is None else real_problem("memory_bytes", self.memory_bytes),
         ) if p]
         if problems:
