@@ -35,6 +35,10 @@ FAMILY_ALL_NODES = 5_000
 # here and won nothing on the experts benchmark (MLP4 train on 2x4, 9.3k e-nodes: 0.74 -> 1.38 s)
 FAMILY_WHOLE_TP_NODES = 30_000
 FAMILY_RELEASED = 1
+# ... on meshes of three or more axes, the cheapest two: once gathers paid their own latency on
+# XLA:CPU, a llama step on 2x2x2 polished one family to 453.0 us, beside 450.2 for the pinned
+# FSDP layout; polishing two reached 444.8 (planning 22.2 -> 24.2 s)
+FAMILY_RELEASED_MANY_AXES = 2
 # the split bound (extract/splitbound.py) costs ~0.2 s per round on a 4-layer GPT step's 1.26M
 # e-nodes on 2x2x2 (three rounds with loop-carried state): beyond this, the per-value one alone
 SPLIT_BOUND_NODES = 2_000_000
@@ -98,7 +102,7 @@ class SearchPolicy:
             seed_hybrids=small or active_axes >= 3,
             families=True,
             family_share=None if nodes <= FAMILY_ALL_NODES else FAMILY_SHARE,
-            family_released=FAMILY_RELEASED,
+            family_released=FAMILY_RELEASED_MANY_AXES if active_axes >= 3 else FAMILY_RELEASED,
             whole_tp_in_full=nodes <= FAMILY_WHOLE_TP_NODES,
             bound=True,
             split_bound=nodes <= SPLIT_BOUND_NODES,
