@@ -102,19 +102,7 @@ def _local_search(p: Problem, ex: Extractor, node_cost: np.ndarray, deadline: fl
     small = policy.chain_every_start
     # every starting point gets single-value and space moves; on big graphs chain moves (the
     # expensive part) then continue the most promising POLISHED of them
-    deep = bool(p.weight.max() >= DEEP_WEIGHT)  # the deep-loop start replaces the estimate
-    runs = [] if deep else [ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties,
-                                   explain=False, chains=small)]
-    starts: list[dict[int, int] | None] = [] if deep else [None]  # each run's seed
-    for seed in p.seeds:
-        if time.perf_counter() >= deadline:
-            break
-        starts.append(seed)
-        runs.append(ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, seed=seed,
-                           explain=False, chains=small))
-    if deep:
-        runs.append(_deep_start(p, ex, node_cost, deadline, small))
-        starts.append(None)
+    runs, starts = _first_runs(p, ex, node_cost, deadline, small)
     if not small:
         ranked = sorted(range(len(runs)), key=lambda i: (runs[i].total_s, i))
         within = POLISH_WITHIN * runs[ranked[0]].total_s
@@ -133,6 +121,34 @@ def _local_search(p: Problem, ex: Extractor, node_cost: np.ndarray, deadline: fl
         again = starts if small else [starts[first_best]]
         best, _ = _pressure_restarts(p, ex, node_cost, best, again, deadline, polish=policy.polish_restarts)
     return _whole_start(p, ex, best, deadline, small)
+
+
+def _first_runs(p: Problem, ex: Extractor, node_cost: np.ndarray, deadline: float, small: bool
+                ) -> tuple[list[Extraction], list[dict[int, int] | None]]:
+    """Each start's first plan (the estimate or the deep-loop start, then each seed) and its seed.
+    A greedy start can fail where two consumers demand pending sums of one value over other axes,
+    which no one production makes (fuzz seeds 464, 549): that start is skipped, and where none
+    took, the whole start (whole demands never conflict) is the first."""
+    deep = bool(p.weight.max() >= DEEP_WEIGHT)  # the deep-loop start replaces the estimate
+    runs: list[Extraction] = []
+    starts: list[dict[int, int] | None] = []  # each run's seed
+    for seed in [None, *p.seeds] if not deep else p.seeds:
+        if starts and time.perf_counter() >= deadline:
+            break
+        try:
+            runs.append(ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, explain=False,
+                               chains=small, **({} if seed is None else {"seed": seed})))
+        except NoPlanError:
+            continue
+        starts.append(seed)
+    if deep:
+        runs.append(_deep_start(p, ex, node_cost, deadline, small))
+        starts.append(None)
+    if not runs:
+        runs.append(ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, explain=False,
+                           chains=small, whole=True))
+        starts.append(None)
+    return runs, starts
 
 
 def _whole_start(p: Problem, ex: Extractor, best: Extraction, deadline: float, small: bool) -> Extraction:
@@ -338,8 +354,11 @@ def _pressure_restarts(p: Problem, ex: Extractor, node_cost: np.ndarray, best: E
     for seed in starts:
         if time.perf_counter() >= deadline:
             break
-        start = pressed.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, explain=False,
-                            chains=False, **({} if seed is None else {"seed": seed}))
+        try:
+            start = pressed.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, explain=False,
+                                chains=False, **({} if seed is None else {"seed": seed}))
+        except NoPlanError:  # the greedy start's demands met no one production (fuzz seeds 464, 549)
+            continue
         done = ex.resume(start, p.roots, deadline=deadline, explain=False, chains=polish)
         spent += start.seconds + done.seconds
         if done.total_s < best.total_s - EPS:
