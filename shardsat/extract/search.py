@@ -145,10 +145,15 @@ def _first_runs(p: Problem, ex: Extractor, node_cost: np.ndarray, deadline: floa
         runs.append(_deep_start(p, ex, node_cost, deadline, small))
         starts.append(None)
     if not runs:
-        runs.append(ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, explain=False,
-                           chains=small, whole=True))
+        runs.append(_run_whole(p, ex, deadline, small))
         starts.append(None)
     return runs, starts
+
+
+def _run_whole(p: Problem, ex: Extractor, deadline: float, small: bool) -> Extraction:
+    """The local search from every value computed whole (Extractor.run's `whole`)."""
+    return ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, explain=False,
+                  chains=small, whole=True)
 
 
 def _whole_start(p: Problem, ex: Extractor, best: Extraction, deadline: float, small: bool) -> Extraction:
@@ -160,8 +165,7 @@ def _whole_start(p: Problem, ex: Extractor, best: Extraction, deadline: float, s
     if time.perf_counter() >= deadline:
         return best
     try:
-        run = ex.run(p.roots, deadline=deadline, place_pins=p.place_pins, ties=p.ties, explain=False,
-                     chains=small, whole=True)
+        run = _run_whole(p, ex, deadline, small)
     except NoPlanError:  # no whole plan within the pins
         return best
     if not small and run.total_s <= POLISH_WITHIN * best.total_s and time.perf_counter() < deadline:

@@ -194,7 +194,7 @@ class SearchGraph:
         hit = self.cache.whole
         if hit is None:
             layouts = self.spaces.layouts.layouts
-            whole = [not lay.partial and not lay.used_axes() for lay in layouts]
+            whole = [not lay.used_axes() for lay in layouts]  # no split, no pending sum
             hit = {}
             for grp, nodes in enumerate(self.prod):
                 ok = [n for n in nodes if whole[self.node_layout[n]] and all(whole[lay] for _, lay in self.kid_gl[n])]
