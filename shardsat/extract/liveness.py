@@ -684,8 +684,8 @@ class PlanLiveness:
         (AllReduceCombiner keys on the replica groups) and within one computation (a loop's body, a
         branch: computation_at): per computation and group of mesh axes, the last wave of
         reductions (that no other reduction waits for) runs once all their sources exist, which
-        stay live until then. `combined`: per group, (sources, their ancestors) as bitsets of
-        positions of the first wave."""
+        stay live until then, and writes every result then. `combined`: per group, (sources,
+        their ancestors) as bitsets of positions of the first wave."""
         tl = self.tl
         groups: dict[tuple[object, ...], list[tuple[Buf, object, int, int]]] = {}
         for b, s in self.step_to.items():
@@ -720,6 +720,11 @@ class PlanLiveness:
                     if b in self.sliced_whole:
                         self.transient.remove(self.sliced_whole[b])
                     self.transient.append((when, end, size))
+                elif b in self.born and self.born[b] < when:
+                    # the combined all-reduce writes new buffers once every source exists: each
+                    # result is born then, whatever read it earlier (its update runs after)
+                    self.born[b] = when
+                    self.last[b] = max(self.last.get(b, when), when)
         every = 0
         for _, _, src, _ in reds:
             every |= 1 << src
