@@ -6,7 +6,8 @@ buffers. A value is materialised when something cannot read it from inside a fus
 contraction, a sort or a collective reads whole buffers; a loop or branch boundary, a program
 output or an in-place update needs one. An expensive elementwise op (exp, log, tanh, divide,
 rsqrt, ...) read by several kernels is computed once and stored, not recomputed in each
-(XLA's `InstructionFusion::IsExpensive`); a cheap one is duplicated into each reader. XLA:CPU
+(XLA's `InstructionFusion::IsExpensive`); a cheap one is duplicated into each reader (stored as
+well where a reader cannot fuse it, if it is effectively unary: `duplicable`). XLA:CPU
 also keeps a reduction over major dimensions apart from its producer. Each primitive's
 PrimitiveRule (rules/registry.py) states its kind: the memory model's view of
 `xla/service/instruction_fusion.cc` and `cpu/cpu_instruction_fusion.cc`.
@@ -15,9 +16,10 @@ PrimitiveRule (rules/registry.py) states its kind: the memory model's view of
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Hashable, Sequence
 
-from ..egraph.program import Equation, Literal
+from ..egraph.program import Equation, Literal, Program
 from ..rules.primitives import prng_impl, threefry_partitionable
 from ..rules.registry import rule_for
 from ..rules.rule import Fuse
@@ -127,6 +129,31 @@ def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: b
     if rule_for(eqn.primitive).fused_once:
         return len({id(r) for r in readers}) > 1
     return False
+
+
+def duplicable(eqn: Equation, producers: Sequence[Equation | None], prog: Program) -> bool:
+    """May XLA compute this cheap elementwise op again inside each consumer that fuses it, while
+    a consumer that cannot (a product, a library reduction) reads it stored? Only where that
+    adds no memory traffic (InstructionFusion::ComputeGloballyUnfusible): the op is effectively
+    unary (its other operands broadcasts, iotas or scalars: `x + pos[None]`), or its operands
+    are no larger than its result. A residual sum `x + f(x)` read by the next product is not:
+    each reader reads it stored. `producers`: per value operand, the equation making it."""
+    if kind(eqn) != Fuse.CHEAP or not eqn.outputs or eqn.name in LAYOUT_OPS:
+        return False
+    out = prog.values[eqn.outputs[0]]
+    vals = [prog.values[a] for a in eqn.inputs if isinstance(a, int)]
+    relevant = sum(1 for v, p in zip(vals, producers, strict=True)
+                   if (p is None or p.name not in ("broadcast_in_dim", "iota")) and len(v.shape) >= len(out.shape)
+                   and _elements(v.shape) > 1)
+    return relevant <= 1 or sum(_elements(v.shape) for v in vals) <= _elements(out.shape)
+
+
+# layout ops the memory model prices elsewhere (transposed copies, bitcasts): not duplicated here
+LAYOUT_OPS = frozenset({"transpose", "reshape", "broadcast_in_dim", "squeeze", "expand_dims", "iota"})
+
+
+def _elements(shape: Sequence[int]) -> int:
+    return math.prod(int(d) for d in shape)
 
 
 def folds_into_dots(eqn: Equation, readers: list[Equation]) -> bool:

@@ -265,7 +265,11 @@ class Timeline:
                 if isinstance(a, int) and self.key(a) is not None:
                     boundary.add(self.key(a))  # type: ignore[arg-type]
         self.n_readers = {k: len(r) for k, r in readers.items()}
+        made = {k: e for e in self.seq for o in e.outputs if (k := self.key(o)) is not None}
         self.stored: dict[Key, bool] = {}
+        # cheap values stored for a reader that cannot fuse them, and computed again inside the
+        # readers that can (XLA duplicates a cheap producer into every consumer that fuses it)
+        self.duplicated: set[Key] = set()
         kernels: dict[Key, frozenset[object]] = {}  # a key -> the kernels computing it (itself, if stored)
         for t in range(len(self.seq) - 1, -1, -1):  # readers first: their kernels are known
             e = self.seq[t]
@@ -274,11 +278,18 @@ class Timeline:
                 self.stored[k] = fusion.stored(e, readers.get(k, []), k in whole, k in boundary, self.degenerate(e),
                                                len(kern)) or self.unfused_concatenation(e)
                 kernels[k] = frozenset({k}) if self.stored[k] else kern
+                if self.stored[k] and k in whole and fusion.duplicable(e, self._operand_producers(e, made), prog) \
+                        and not fusion.stored(e, readers[k], False, k in boundary, self.degenerate(e), len(kern)):
+                    self.duplicated.add(k)
         self.shared_inside = shared_inside(self, readers)
         fusion.over_duplicated(self.seq, self.first, self.stored, self.key,  # type: ignore[arg-type]
                                lambda v: prog.values[v].shape)
         self.boundary = boundary
         self.readers_whole = whole
+
+    def _operand_producers(self, e: Equation, made: dict[Key, Equation]) -> list[Equation | None]:
+        """Per value operand of `e`: the equation making it (None: an argument)."""
+        return [made.get(k) if (k := self.key(a)) is not None else None for a in e.inputs if isinstance(a, int)]
 
     def reads_whole(self, e: Equation, pos: int, a: int) -> bool:
         """fusion.reads_whole for operand `pos` (value `a`) of `e`, with YNNPACK's reductions."""
@@ -567,6 +578,9 @@ class PlanLiveness:
         self.combined: tuple[tuple[int, int], ...] = ()  # per combined all-reduce: sources, their ancestors
         self.last: dict[Buf, int] = {}
         self.ev: dict[Key, tuple[int, int]] = {}  # a fused value: (first, last) time its readers run
+        self.duplicated: frozenset[Key] = frozenset()  # duplicated_values
+        self.recomputed_at: dict[Key, int] = {}  # a duplicated value: its last fusing reader
+        self.settled: set[Key] = set()  # values whose reads of operands are placed
         self.transient: list[tuple[int, int, int]] = []  # (start, end, bytes) of buffers no value names
         self.copied: dict[int, dict[int, tuple[int, ...]]] = {}  # dot position -> operand -> the order XLA copies it in
         self.gathered_in_order: set[Buf] = set()  # minor gathers copied once, into their products' order
@@ -586,14 +600,16 @@ class PlanLiveness:
         self.copied = self._copied(reads)
         self.gathered_in_order = gathered_in_order(self, reads)
         self._stored(reads)
+        self.duplicated = duplicated_values(self, reads)
         recomputed = recomputed_reads(self, reads)
         copied_views: list[tuple[Buf, int]] = []
         for t in range(len(tl.seq) - 1, -1, -1):
             outs = [k for k in tl.first[t] if k in self.produced]
             if not outs and not (tl.seq[t].effects and not tl.seq[t].outputs):
                 continue
+            self.settled.update(outs)  # a later read of a duplicated value reads its buffer
             if not outs or any(self.stored[k] for k in outs):
-                lo = hi = t
+                lo, hi = t, max([t] + [self.recomputed_at.get(k, t) for k in outs])
             else:
                 spans = [self.ev[k] for k in outs if k in self.ev]
                 if not spans:
@@ -629,21 +645,11 @@ class PlanLiveness:
         held_through_loops(self, read_last)
         self._combine()
         self._transposes(reads)
-        self._literal_broadcasts()
+        literal_broadcast_buffers(self)
         self.transient += dense_expansions(self)
         self.transient += blocked_scan_copies(self)
         self.transient += stack_initial_values(self)
         self.transient += threefry_state(self) + widened_arguments(self)
-
-    def _literal_broadcasts(self) -> None:
-        """A broadcast literal the library reductions read (Timeline._literal_broadcasts): one
-        buffer per literal and shape (XLA's CSE), written at the start, read by the last of them."""
-        spans: dict[object, tuple[int, int]] = {}
-        for t, k, lk in self.tl.literal_broadcasts:
-            if k in self.produced:
-                size = self.tl.size(k, self.produced[k])
-                spans[lk] = (max(t, spans.get(lk, (t, 0))[0]), max(size, spans.get(lk, (0, size))[1]))
-        self.transient += [(0, t, size) for t, size in spans.values()]
 
     def _reads(self) -> list[list[tuple[Key, int | None, bool]]]:
         tl = self.tl
@@ -779,6 +785,9 @@ class PlanLiveness:
         if p is None:
             return
         if lid is None or lid == p:
+            if not whole and k in self.duplicated and k not in self.settled:
+                self.recomputed_at[k] = max(self.recomputed_at.get(k, hi), hi)
+                return
             if self.stored.get(k, True):
                 b = (k, p)
                 self.last[b] = max(self.last.get(b, hi), hi)
@@ -940,6 +949,39 @@ class PlanLiveness:
         best, best_t = heap_peak(left)
         at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
         return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
+
+
+def duplicated_values(live: PlanLiveness, reads: list[list[tuple[Key, int | None, bool]]]) -> frozenset[Key]:
+    """Timeline.duplicated, where every operand can be read again: the readers that fuse the
+    value compute it again from its operands, which live until the last of them. (An expensive
+    fused operand, a gather say, would be stored or computed again too: not modelled, so such
+    a value is read stored by all its readers.)"""
+    out = set()
+    for k in live.tl.duplicated:
+        t = live.tl.made_at.get(k)
+        if t is not None and live.stored.get(k, True) and all(recomputable(live, ka, lid) for ka, lid, _ in reads[t]):
+            out.add(k)
+    return frozenset(out)
+
+
+def recomputable(live: PlanLiveness, k: Key, lid: int | None) -> bool:
+    """Can a reader read operand `k` (in layout `lid`) again: a buffer, a view, or a cheap fused
+    value (a broadcast) that XLA duplicates with it."""
+    if live.stored.get(k, True) or lid not in (None, live.produced.get(k)):
+        return True
+    t = live.tl.made_at.get(k)
+    return t is not None and fusion.kind(live.tl.seq[t]) == fusion.Fuse.CHEAP
+
+
+def literal_broadcast_buffers(live: PlanLiveness) -> None:
+    """A broadcast literal the library reductions read (Timeline._literal_broadcasts): one
+    buffer per literal and shape (XLA's CSE), written at the start, read by the last of them."""
+    spans: dict[object, tuple[int, int]] = {}
+    for t, k, lk in live.tl.literal_broadcasts:
+        if k in live.produced:
+            size = live.tl.size(k, live.produced[k])
+            spans[lk] = (max(t, spans.get(lk, (t, 0))[0]), max(size, spans.get(lk, (0, size))[1]))
+    live.transient += [(0, t, size) for t, size in spans.values()]
 
 
 def retyped_at(tl: Timeline, k: Key, t: int) -> bool:
