@@ -281,6 +281,8 @@ class Timeline:
                 if self.stored[k] and k in whole and fusion.duplicable(e, self._operand_producers(e, made), prog) \
                         and not fusion.stored(e, readers[k], False, k in boundary, self.degenerate(e), len(kern)):
                     self.duplicated.add(k)
+        for k in scatters_into_sums(self, readers, made):
+            self.stored[k] = False
         self.shared_inside = shared_inside(self, readers)
         fusion.over_duplicated(self.seq, self.first, self.stored, self.key,  # type: ignore[arg-type]
                                lambda v: prog.values[v].shape)
@@ -475,6 +477,26 @@ def reader_kernels(readers: list[Equation], kernels: dict[Key, frozenset[object]
         for g in got:
             out |= g
     return frozenset(out)
+
+
+def scatters_into_sums(tl: Timeline, readers: dict[Key, list[Equation]], made: dict[Key, Equation]) -> list[Key]:
+    """`x + scatter-add(zeros, i, u)` (the gradient of a table both looked up and multiplied:
+    tied embeddings): XLA's algebraic simplifier scatters into `x` itself, so neither the zeros
+    nor the scatter's result is a buffer; the sum, written in place over `x`, is. Returns the
+    keys of those zeros and scatters. `made`: each key's equation."""
+    out: list[Key] = []
+    for e in tl.seq:
+        if e.name != "scatter-add" or len(e.outputs) != 1 or not isinstance(e.inputs[0], int):
+            continue
+        ks, kz = tl.key(e.outputs[0]), tl.key(e.inputs[0])
+        zeros = made.get(kz) if kz is not None else None
+        users = readers.get(ks, []) if ks is not None else []
+        if zeros is None or len(users) != 1 or users[0].name not in ("add", "add_any") or len(readers.get(kz, [])) != 1:
+            continue
+        if zeros.name == "broadcast_in_dim" and len(zeros.inputs) == 1 and isinstance(zeros.inputs[0], Literal) \
+                and float(zeros.inputs[0].value) == 0.0 and all(isinstance(a, int) for a in users[0].inputs):
+            out += [kz, ks]  # type: ignore[list-item]
+    return out
 
 
 def shared_inside(tl: Timeline, readers: dict[Key, list[Equation]]) -> dict[Key, frozenset[Key]]:
