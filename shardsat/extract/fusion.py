@@ -19,7 +19,7 @@ import heapq
 import math
 from collections.abc import Callable, Hashable, Sequence
 
-from ..egraph.program import Equation, Literal, Program
+from ..egraph.program import SCAN_PSEUDO, Equation, Literal, Program
 from ..rules.primitives import prng_impl, threefry_partitionable
 from ..rules.registry import rule_for
 from ..rules.rule import Fuse
@@ -138,8 +138,8 @@ def duplicable(eqn: Equation, producers: Sequence[Equation | None], prog: Progra
     unary (its other operands broadcasts, iotas or scalars: `x + pos[None]`), or its operands
     are no larger than its result. A residual sum `x + f(x)` read by the next product is not:
     each reader reads it stored. `producers`: per value operand, the equation making it."""
-    if kind(eqn) != Fuse.CHEAP or not eqn.outputs or eqn.name in LAYOUT_OPS:
-        return False
+    if kind(eqn) != Fuse.CHEAP or not eqn.outputs or eqn.name in LAYOUT_OPS or eqn.name in SCAN_PSEUDO:
+        return False  # a loop's slices and stacks are its plumbing, not ops XLA fuses
     out = prog.values[eqn.outputs[0]]
     vals = [prog.values[a] for a in eqn.inputs if isinstance(a, int)]
     relevant = sum(1 for v, p in zip(vals, producers, strict=True)
