@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..egraph.collectives import COLLECTIVES
+
 if TYPE_CHECKING:
     from .liveness import Buf, PlanLiveness
 
@@ -72,7 +74,7 @@ def _sequential(live: PlanLiveness, top: Buf, t: int, nxt: dict[Buf, list[Buf]],
         p = _src(live, h)
         if p in mids and p in live.pieces:
             peak = max(peak, held + size(*p) + finals)
-        own = size(*h) if h in mids or live.born.get(h) == t else 0
+        own = size(*h) if (h in mids or live.born.get(h) == t) and not _copied_by_slices(live, h, nxt, made) else 0
         rest = held - size(*p) if p in mids and nxt[p][-1] == h else held  # the parent is freed
         step = sum(made.get(h, ()))
         # a step with buffers of its own (slices, a whole all-reduced buffer) reads its source
@@ -86,3 +88,14 @@ def _sequential(live: PlanLiveness, top: Buf, t: int, nxt: dict[Buf, list[Buf]],
 
     visit(top, 0)
     return max(0, peak - finals)
+
+
+def _copied_by_slices(live: PlanLiveness, m: Buf, nxt: dict[Buf, list[Buf]], made: dict[Buf, list[int]]) -> bool:
+    """A middle gathered along a minor dimension (its raw gathered buffer is its step's, `made`)
+    whose next hops are all slices: XLA fuses the copy into the minor order with each slice, so
+    the whole copy is never written; the slices read the raw buffer (an XLA:CPU dump of the
+    Soft-MoE step with experts over all devices: an expert weight's 4 MiB raw gather, then
+    0.5 MiB sliced copies)."""
+    after = nxt.get(m, [])
+    return bool(made.get(m)) and COLLECTIVES[live.step_to[m].kind].transposes_minor and bool(after) and \
+        all(a in live.step_to and COLLECTIVES[live.step_to[a].kind].fuses for a in after)  # type: ignore[attr-defined]
