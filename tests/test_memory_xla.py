@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 import shardsat
 from shardsat.egraph.program import Literal, trace
 from shardsat.extract import deadcode, fusion, library
-from shardsat.extract.buffers import Allocation, Temp, chain_copies, share_inplace
+from shardsat.extract.buffers import Allocation, Temp, chain_copies, heap_peak, packed_heap, share_inplace
 from shardsat.extract.liveness import bfs_order
 from shardsat.testing import check_plan
 
@@ -476,6 +476,44 @@ def test_a_looked_up_gradient_is_scattered_into_the_tied_products_gradient():
     mesh = make_mesh((2, 4))
     w = next(w for w in misc.workloads() if w.name.startswith("TiedEmb train"))
     _, r = _expert_plan_ratio(w.build(mesh), mesh, "DP", rtol=2e-3)
+    assert LOW <= r <= HIGH, r
+
+
+def test_the_heap_packs_largest_first_and_keeps_the_holes_that_leaves():
+    """XLA places temporaries largest first, each in the smallest hole that fits it over its
+    whole life. A 3-byte buffer at t=4 pushes the 2-byte one living over t=3..4 above it; the
+    1-byte hole left below that one at t=3 is too small for a third 2-byte buffer, so the heap
+    is 7 bytes although at most 6 are live at once."""
+    temps = [Temp(3, 4, 4), Temp(2, 2, 3), Temp(2, 3, 3), Temp(2, 3, 4)]
+    assert heap_peak(temps)[0] == 6
+    assert packed_heap(temps) == 7
+    assert packed_heap([Temp(4, 0, 1), Temp(4, 2, 3), Temp(2, 1, 2)]) == 6  # no hole: the live peak
+
+
+def test_interleaved_logits_sized_buffers_leave_holes_in_the_heap():
+    """The expert benchmark's tied-embedding step, vocabulary-parallel over "model" with data
+    parallelism on 4x2: 156 MiB are live at most at once, the model's and XLA's alike, but four
+    32 MiB logits-sized buffers with interleaved lives leave holes in XLA's packing, which
+    allocates 188 MiB. Summing the live buffers, the estimate was 0.904 of the compiled figure."""
+    misc, make_mesh = _experts("misc", "common.make_mesh")
+
+    mesh = make_mesh((4, 2))
+    w = next(w for w in misc.workloads() if w.name.startswith("TiedEmb train"))
+    _, r = _expert_plan_ratio(w.build(mesh), mesh, "VocabPar(tp)+DP", rtol=2e-3)
+    assert LOW <= r <= HIGH, r
+
+
+def test_a_weight_gathered_along_a_minor_dimension_is_copied_slice_by_slice():
+    """The expert benchmark's Soft-MoE training step with the experts over all 8 devices of 2x4:
+    an expert weight split over its second dimension is gathered whole (the raw gathered buffer)
+    and then sliced by the first. XLA fuses the copy into the minor order with the slice, so
+    only the slice is written, never a whole transposed copy beside the raw buffer. Counted
+    whole, the chain held 7.5 MiB where XLA holds 4.5: 1.118 of the compiled figure."""
+    misc, make_mesh = _experts("misc", "common.make_mesh")
+
+    mesh = make_mesh((2, 4))
+    w = next(w for w in misc.workloads() if w.name.startswith("SoftMoE train"))
+    _, r = _expert_plan_ratio(w.build(mesh), mesh, "EP(all)", rtol=2e-3)
     assert LOW <= r <= HIGH, r
 
 

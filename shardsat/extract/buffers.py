@@ -7,8 +7,11 @@ After scheduling, XLA gives every buffer an allocation (`xla/service/buffer_assi
   time (an output is live from its definition to the end, a donated argument from the start to
   its last read; before and between, their memory holds temporaries, largest first); a donated
   argument copied at the start frees its buffer, which a later argument's copy may take;
-- what is left is packed by a heap simulator: its size is the peak of the live temporaries (the
-  packing's fragmentation is small next to the estimate's other errors).
+- what is left is packed by a heap simulator, largest buffer first, each at the offset of the
+  smallest hole that fits it over its whole life (`GlobalDecreasingSizeBestFitHeap`, spatial
+  order): the heap is the peak of the live temporaries and the holes its packing leaves (a
+  vocabulary-parallel step on 4x2: 156 MiB live at the peak, 188 MiB allocated, four 32 MiB
+  logits-sized buffers with interleaved lives).
 The temp size XLA reports is that last heap; outputs and arguments are reported apart.
 """
 
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+
+import numpy as np
 
 
 @dataclass
@@ -113,4 +118,38 @@ def heap_peak(temps: list[Temp]) -> tuple[int, int]:
     return best, best_t
 
 
-__all__ = ["Allocation", "Temp", "chain_copies", "heap_peak", "reuse_fixed", "share_inplace"]
+def packed_heap(temps: list[Temp], most: int = 2048) -> int:
+    """The heap XLA's best-fit packing needs for `temps`: largest first (longer lives first among
+    equal sizes), each at the offset of the smallest hole that it fits over its whole life, or
+    on top of what its life overlaps. At most `most` of the largest are packed (the rest are
+    small enough to fill holes: the caller takes the larger of this and the live peak)."""
+    ts = sorted((t for t in temps if t.end >= t.start and t.size > 0),
+                key=lambda t: (-t.size, t.start - t.end, t.start))[:most]
+    n = len(ts)
+    start, end = np.empty(n, np.int64), np.empty(n, np.int64)
+    lo, hi = np.empty(n, np.int64), np.empty(n, np.int64)  # placed offsets [lo, hi)
+    top = 0
+    for i, t in enumerate(ts):
+        over = (start[:i] <= t.end) & (end[:i] >= t.start)
+        off = _best_fit(lo[:i][over], hi[:i][over], t.size)
+        start[i], end[i], lo[i], hi[i] = t.start, t.end, off, off + t.size
+        top = max(top, off + t.size)
+    return top
+
+
+def _best_fit(lo: np.ndarray, hi: np.ndarray, size: int) -> int:
+    """The offset of the smallest hole of at least `size` between the chunks [lo, hi), or the
+    top of the highest."""
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], np.maximum.accumulate(hi[order]) if len(order) else hi
+    gaps = lo[1:] - hi[:-1] if len(lo) else lo
+    fits = np.flatnonzero(gaps >= size)
+    first = int(lo[0]) if len(lo) else 0
+    if first >= size and (not len(fits) or first <= int(gaps[fits].min())):
+        return 0
+    if len(fits):
+        return int(hi[:-1][fits[np.argmin(gaps[fits])]])
+    return int(hi[-1]) if len(hi) else 0
+
+
+__all__ = ["Allocation", "Temp", "chain_copies", "heap_peak", "packed_heap", "reuse_fixed", "share_inplace"]

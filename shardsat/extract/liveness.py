@@ -29,7 +29,7 @@ from ..egraph.layout import SpaceTable
 from ..egraph.program import Equation, Literal, Program, itemsize
 from ..rules.registry import rule_for
 from . import deadcode, fusion, library
-from .buffers import Allocation, Temp, heap_peak, reuse_fixed, share_inplace
+from .buffers import Allocation, Temp, heap_peak, packed_heap, reuse_fixed, share_inplace
 from .chains import chain_transients
 from .result import Extraction, GroupChoice
 
@@ -969,6 +969,7 @@ class PlanLiveness:
         share_inplace(temps)
         left = reuse_fixed(temps, fixed)
         best, best_t = heap_peak(left)
+        best = max(best, packed_heap(left))
         at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
         return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
 
