@@ -33,7 +33,7 @@ def chain_transients(live: PlanLiveness, views: list[Buf], made: dict[Buf, list[
         if b in mids and _src(live, b) not in mids:
             tops.setdefault(live.born[b], []).append(b)
         elif b not in mids and _src(live, b) not in mids:
-            out += [(live.born[b], live.born[b], size) for size in made.get(b, ())]
+            out += [(live.sent.get(b, live.born[b]), live.born[b], size) for size in made.get(b, ())]
             if made.get(b):
                 live.stepped.add(b)
     for t, ts in tops.items():

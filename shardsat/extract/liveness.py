@@ -614,6 +614,7 @@ class PlanLiveness:
         self.recopied: set[Key] = set()  # dot operands whose copies compute them again (recomputed_reads)
         self.held: set[Key] = set()  # what those copies read: no in-place write takes it over
         self.stepped: set[Buf] = set()  # views holding their step's buffers at their birth (chains.py)
+        self.sent: dict[Buf, int] = {}  # all-to-alls whose slices are made a step before the pieces arrive
         self.sliced_whole: dict[Buf, tuple[int, int, int]] = {}  # reduce-scatters read sliced: the whole buffer
 
     def run(self) -> None:
@@ -1175,7 +1176,11 @@ def sliced_sends(live: PlanLiveness, sends: list[tuple[Buf, int]]) -> dict[Buf, 
     into them; a source others read too XLA also keeps as a buffer, computing it twice). Any
     other source is sliced at t (the returned slices, per view); where the collective is the
     last read of a buffer made before t, that buffer is freed once sliced, before the pieces
-    arrive. (A source made at t is a chain's middle hop: chains.py prices the chain.)"""
+    arrive. Where nothing reads the pieces before t + 2, they arrive a step after the slices
+    are made (`live.sent`; the slices live from t): XLA makes the slices of a source's
+    all-to-alls while the source lives and runs the collectives after, one by one, not all in
+    the instant the slices are made.
+    (A source made at t is a chain's middle hop: chains.py prices the chain.)"""
     tl, out = live.tl, {}
     from_src: dict[Buf, list[object]] = {}
     for v, step in live.step_to.items() if sends else ():
@@ -1196,6 +1201,8 @@ def sliced_sends(live: PlanLiveness, sends: list[tuple[Buf, int]]) -> dict[Buf, 
         if live.last.get(rb) == t and live.born.get(rb, t) < t:
             live.last[rb] = t - 1
         out[b] = [tl.size(k, src) // n] * n
+        if live.born.get(b) == t and min(live.view_readers.get(b, {t}), default=t) > t + 1:
+            live.sent[b], live.born[b] = t, t + 1
     return out
 
 
