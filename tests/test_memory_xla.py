@@ -395,6 +395,15 @@ def _expert_plan_ratio(prob: Any, mesh: Any, expert: str | None, rtol: float = 2
     return plan, plan.cost.memory.total / plan.compiled_memory(*prob.args)
 
 
+def _misc_ratio(name: str, shape: tuple[int, ...], expert: str) -> float:
+    """Predicted / compiled of an expert plan of a workload of benchmarks/experts/misc.py (the
+    first whose name starts with `name`) on a mesh of `shape`; its numbers checked as above."""
+    misc, make_mesh = _experts("misc", "common.make_mesh")
+    mesh = make_mesh(shape)
+    w = next(w for w in misc.workloads() if w.name.startswith(name))
+    return _expert_plan_ratio(w.build(mesh), mesh, expert, rtol=2e-3)[1]
+
+
 def test_a_reduce_scatter_read_sliced_by_its_gradient_holds_its_whole_buffer():
     """The same step with weights replicated and the Adam state split (weight-update sharding):
     each relu's pre-activation is an input gradient reduce-scattered over "fsdp" (on XLA:CPU an
@@ -471,11 +480,7 @@ def test_a_looked_up_gradient_is_scattered_into_the_tied_products_gradient():
     lookup's. XLA's simplifier scatters into `x` itself: no table of zeros (16 MiB a device,
     written at the start) and no scatter result beside the sum. Counted, the estimate was
     1.130 of the compiled figure."""
-    misc, make_mesh = _experts("misc", "common.make_mesh")
-
-    mesh = make_mesh((2, 4))
-    w = next(w for w in misc.workloads() if w.name.startswith("TiedEmb train"))
-    _, r = _expert_plan_ratio(w.build(mesh), mesh, "DP", rtol=2e-3)
+    r = _misc_ratio("TiedEmb train", (2, 4), "DP")
     assert LOW <= r <= HIGH, r
 
 
@@ -495,11 +500,7 @@ def test_interleaved_logits_sized_buffers_leave_holes_in_the_heap():
     parallelism on 4x2: 156 MiB are live at most at once, the model's and XLA's alike, but four
     32 MiB logits-sized buffers with interleaved lives leave holes in XLA's packing, which
     allocates 188 MiB. Summing the live buffers, the estimate was 0.904 of the compiled figure."""
-    misc, make_mesh = _experts("misc", "common.make_mesh")
-
-    mesh = make_mesh((4, 2))
-    w = next(w for w in misc.workloads() if w.name.startswith("TiedEmb train"))
-    _, r = _expert_plan_ratio(w.build(mesh), mesh, "VocabPar(tp)+DP", rtol=2e-3)
+    r = _misc_ratio("TiedEmb train", (4, 2), "VocabPar(tp)+DP")
     assert LOW <= r <= HIGH, r
 
 
@@ -509,11 +510,7 @@ def test_a_weight_gathered_along_a_minor_dimension_is_copied_slice_by_slice():
     and then sliced by the first. XLA fuses the copy into the minor order with the slice, so
     only the slice is written, never a whole transposed copy beside the raw buffer. Counted
     whole, the chain held 7.5 MiB where XLA holds 4.5: 1.118 of the compiled figure."""
-    misc, make_mesh = _experts("misc", "common.make_mesh")
-
-    mesh = make_mesh((2, 4))
-    w = next(w for w in misc.workloads() if w.name.startswith("SoftMoE train"))
-    _, r = _expert_plan_ratio(w.build(mesh), mesh, "EP(all)", rtol=2e-3)
+    r = _misc_ratio("SoftMoE train", (2, 4), "EP(all)")
     assert LOW <= r <= HIGH, r
 
 
@@ -524,11 +521,7 @@ def test_an_all_to_all_read_later_receives_its_pieces_after_its_slices_are_made(
     after the slices exist, one collective after the other, before either is read. Counting
     one all-to-all's pieces beside the other's slices and the chain's whole middle in one
     instant, the estimate was 1.128 of the compiled figure."""
-    misc, make_mesh = _experts("misc", "common.make_mesh")
-
-    mesh = make_mesh((2, 2, 2))
-    w = next(w for w in misc.workloads() if w.name.startswith("TiedEmb train"))
-    _, r = _expert_plan_ratio(w.build(mesh), mesh, "VocabPar(all)+DP", rtol=2e-3)
+    r = _misc_ratio("TiedEmb train", (2, 2, 2), "VocabPar(all)+DP")
     assert LOW <= r <= HIGH, r
 
 
