@@ -144,7 +144,7 @@ def duplicable(eqn: Equation, producers: Sequence[Equation | None], prog: Progra
     vals = [prog.values[a] for a in eqn.inputs if isinstance(a, int)]
     relevant = sum(1 for v, p in zip(vals, producers, strict=True)
                    if (p is None or p.name not in ("broadcast_in_dim", "iota")) and len(v.shape) >= len(out.shape)
-                   and _elements(v.shape) > 1)
+                   and 1 < _elements(v.shape) >= _elements(out.shape))  # fewer: a broadcast in HLO
     return relevant <= 1 or sum(_elements(v.shape) for v in vals) <= _elements(out.shape)
 
 

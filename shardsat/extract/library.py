@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..egraph.program import Equation, Program
+from . import fusion
 from .fusion import YNN_REDUCERS, YNN_VIEWS
 
 if TYPE_CHECKING:
@@ -243,9 +244,12 @@ def fused_keys(tl: Timeline, boundary: set[Key]) -> list[Fusion]:
         nodes.append(_node(e, prog, devices) if tl.first[t] and len(e.outputs) == 1 else Node("", False))
         if (e.name == "dot_general" and _transposed_lhs(e, seq, made, tl.key)) or tl.masks(e):
             nodes[-1] = Node("", True)  # a transposed left operand; a masking multiply (a select)
+    making = _making(tl)
     fusions = [(ms, root) for ms, root in fused_inside(nodes, operands, users, [e.region for e in seq],
                                                        lambda t: any(k in boundary for k in tl.first[t]))
-               if _drops_a_buffer(ms - {root}, nodes, tl)]
+               if _drops_a_buffer(ms - {root}, nodes, tl)
+               or any(_recomputed_feed(tl, k, making, tl.stored.get(k, True)) for t in _fed(ms, operands, seq)
+                      for k in tl.first[t])]
     out = []
     for ms, root in fusions:
         inside = frozenset(k for t in ms if t != root for k in tl.first[t])
@@ -308,6 +312,43 @@ def _transposed_lhs(e: Equation, seq: Sequence[Equation], made: dict[Key, int], 
     a = e.inputs[0]
     p = made.get(key(a)) if isinstance(a, int) else None
     return p is not None and seq[p].name == "transpose"
+
+
+def fed_reads(tl: Timeline) -> set[tuple[int, Key]]:
+    """(position, key) where a member of a library fusion reads a value made outside it, which
+    YNNPACK's kernel reads as a buffer (_fed), not as a producer fused into it."""
+    member = {k: f for f in tl.fusions for k in f.inside | f.roots}
+    out: set[tuple[int, Key]] = set()
+    for t, ks in enumerate(tl.first):
+        f = next((member[k] for k in ks if k in member), None)
+        for a in tl.seq[t].inputs if f is not None else ():
+            k = tl.key(a) if isinstance(a, int) else None
+            if k is not None and k in f.feeds:  # type: ignore[union-attr]
+                out.add((t, k))
+    return out
+
+
+def fed_duplicates(tl: Timeline) -> set[Key]:
+    """The feeds of library fusions that their kernels' reads alone make buffers and that XLA
+    computes again in their other readers (_recomputed_feed)."""
+    making = _making(tl)
+    return {k for f in tl.fusions for k in f.feeds if _recomputed_feed(tl, k, making, f.before.get(k, True))}
+
+
+def _making(tl: Timeline) -> dict[Key, Equation]:
+    return {k: tl.seq[t] for t, ks in enumerate(tl.first) for k in ks}
+
+
+def _recomputed_feed(tl: Timeline, k: Key, making: dict[Key, Equation], stored: bool) -> bool:
+    """Is `k`, read by a library fusion from outside it, a value fusion.stored leaves to its
+    readers' loop fusions (`stored` False) that XLA may compute again (fusion.duplicable)? It
+    writes one for the kernel and its loop fusions compute the value again from its operands:
+    a group norm's centred values are stored for the variance's kernel and computed again by
+    the normalisation, which keeps the convolution's output live too. A feed that is not
+    duplicable is read stored by all its readers, and one of them writes in place into it as
+    it dies (`(pred - y)` and its gradient's product), which costs no more than fusing it."""
+    e = making.get(k)
+    return e is not None and not stored and fusion.duplicable(e, tl.operand_producers(e, making), tl.program)
 
 
 def _drops_a_buffer(inside: set[int], nodes: Sequence[Node], tl: Timeline) -> bool:

@@ -91,6 +91,7 @@ class Timeline:
         self.inside = {k for f in self.fusions for k in f.inside}
         for f in self.fusions:
             self.stored.update(f.stored)
+        self.duplicated |= library.fed_duplicates(self)
         if self.inside:
             self._schedule(base)  # each library fusion is one instruction: its members pass readiness on
         self.in_library = {k for f in self.fusions for k in f.inside | f.roots}
@@ -99,8 +100,9 @@ class Timeline:
         self._dependencies()
         self.read_at = read_positions(self)
         # per position and operand: does the reader need it whole (every plan's liveness reads it)
-        self.whole_at = [[isinstance(a, int) and self.reads_whole(e, pos, a) for pos, a in enumerate(e.inputs)]
-                         for e in self.seq]
+        fed = library.fed_reads(self)
+        self.whole_at = [[isinstance(a, int) and (self.reads_whole(e, pos, a) or (t, self.key(a)) in fed)
+                          for pos, a in enumerate(e.inputs)] for t, e in enumerate(self.seq)]
         self.literal_broadcasts = self._literal_broadcasts()
         platform = spaces.mesh.platform
         self.cumulative = [t for t, e in enumerate(self.seq) if rule_for(e.primitive).prefix_scan]
@@ -278,7 +280,7 @@ class Timeline:
                 self.stored[k] = fusion.stored(e, readers.get(k, []), k in whole, k in boundary, self.degenerate(e),
                                                len(kern)) or self.unfused_concatenation(e)
                 kernels[k] = frozenset({k}) if self.stored[k] else kern
-                if self.stored[k] and k in whole and fusion.duplicable(e, self._operand_producers(e, made), prog) \
+                if self.stored[k] and k in whole and fusion.duplicable(e, self.operand_producers(e, made), prog) \
                         and not fusion.stored(e, readers[k], False, k in boundary, self.degenerate(e), len(kern)):
                     self.duplicated.add(k)
         for k in scatters_into_sums(self, readers, made):
@@ -289,7 +291,7 @@ class Timeline:
         self.boundary = boundary
         self.readers_whole = whole
 
-    def _operand_producers(self, e: Equation, made: dict[Key, Equation]) -> list[Equation | None]:
+    def operand_producers(self, e: Equation, made: dict[Key, Equation]) -> list[Equation | None]:
         """Per value operand of `e`: the equation making it (None: an argument)."""
         return [made.get(k) if (k := self.key(a)) is not None else None for a in e.inputs if isinstance(a, int)]
 
