@@ -5,7 +5,8 @@ AdamW, a cond, a vocabulary-sized cross-entropy; and loops as training code writ
 gradient accumulation over microbatches, several SGD steps in a fori_loop, nested scans, a cond
 inside a scan, a scanned transformer with AdamW, a checkpoint policy, a power iteration; dropout
 (an MLP, with an rbg key too, and two transformer blocks with three dropout sites each); bfloat16
-products, cast from float32 weights and on bfloat16 weights; an int8 product. Each is planned
+products, cast from float32 weights and on bfloat16 weights; an int8 product; and the programs of
+benchmarks/probe_models.py (normalisations, optimizers, model shapes). Each is planned
 free (no pins) on each mesh and compiled on 8 simulated CPU devices, measured and tabled as benchmarks/memory.py does
 (predicted / compiled per-device total: arguments + outputs not aliased + temps).
 
@@ -37,6 +38,7 @@ from jax import lax
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import memory  # benchmarks/memory.py: the same measurement and table
+import probe_models  # more programs: normalisations, optimizers, model shapes
 
 S = jax.ShapeDtypeStruct
 F32 = jnp.float32
@@ -358,6 +360,9 @@ def int8_matmul():
         y = lax.dot_general(xq, wq, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
         return jax.nn.relu(y.astype(F32) * scale / 16)
     return f, (S((2048, 4096), jnp.int8), S((4096,), F32), S((1024, 2048), F32))
+
+
+PROGRAMS.update(probe_models.PROGRAMS)
 
 
 def main(argv: list[str] | None = None) -> int:
