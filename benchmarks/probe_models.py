@@ -18,13 +18,6 @@ from jax import lax
 
 S = jax.ShapeDtypeStruct
 F32 = jnp.float32
-PROGRAMS: dict[str, Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]] = {}
-
-
-def program(f: Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]) -> Callable[[], Any]:
-    PROGRAMS[f.__name__] = f
-    return f
-
 
 def _with_opt(loss: Callable[..., Any], ps: Any, opt: optax.GradientTransformation,
               *xs: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -38,7 +31,6 @@ def _conv(x: Any, w: Any, stride: int = 1) -> Any:
     return lax.conv_general_dilated(x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
-@program
 def groupnorm_unet_train():
     def gn(x, groups=8):
         b, h, w, c = x.shape
@@ -55,7 +47,6 @@ def groupnorm_unet_train():
     return _with_opt(loss, ps, optax.sgd(1e-2, momentum=0.9), S((32, 64, 64, 32), F32))
 
 
-@program
 def batchnorm_resnet_train():
     def bn(x, g, b):
         return (x - x.mean((0, 1, 2))) * lax.rsqrt(x.var((0, 1, 2)) + 1e-5) * g + b
@@ -71,7 +62,6 @@ def batchnorm_resnet_train():
     return _with_opt(loss, ps, optax.sgd(0.1, momentum=0.9), S((64, 32, 32, 16), F32), S((64,), jnp.int32))
 
 
-@program
 def flax_layernorm_transformer():
     def ln(x, g, b):
         m, m2 = x.mean(-1, keepdims=True), (x * x).mean(-1, keepdims=True)
@@ -97,12 +87,10 @@ def _mlp_loss(p: Any, x: Any) -> Any:
 _MLP = {"w1": S((1024, 4096), F32), "w2": S((4096, 1024), F32)}
 
 
-@program
 def adafactor_mlp():
     return _with_opt(_mlp_loss, _MLP, optax.adafactor(1e-3), S((512, 1024), F32))
 
 
-@program
 def lion_classifier():
     def loss(p, x, y):
         return optax.softmax_cross_entropy_with_integer_labels(jax.nn.relu(x @ p["w1"]) @ p["w2"], y).mean()
@@ -110,7 +98,6 @@ def lion_classifier():
     return _with_opt(loss, ps, optax.lion(1e-4), S((1024, 1024), F32), S((1024,), jnp.int32))
 
 
-@program
 def clipped_adamw_residual():
     def ln(x, g):
         m = x.mean(-1, keepdims=True)
@@ -125,7 +112,6 @@ def clipped_adamw_residual():
     return _with_opt(loss, ps, opt, S((64, 128, 512), F32))
 
 
-@program
 def ema_teacher():
     def loss(p, t, x):
         return jnp.mean((jnp.tanh(x @ p["w1"]) @ p["w2"] - lax.stop_gradient(jnp.tanh(x @ t["w1"]) @ t["w2"])) ** 2)
@@ -136,7 +122,6 @@ def ema_teacher():
     return step, (_MLP, _MLP, S((512, 1024), F32))
 
 
-@program
 def clip_contrastive():
     def loss(p, a, b):
         za, zb = a @ p["wa"], b @ p["wb"]
@@ -149,7 +134,6 @@ def clip_contrastive():
     return _with_opt(loss, ps, optax.adam(1e-3), S((2048, 768), F32), S((2048, 1024), F32))
 
 
-@program
 def topk_moe_train():
     experts, k = 8, 2
 
@@ -163,7 +147,6 @@ def topk_moe_train():
     return _with_opt(loss, ps, optax.adam(1e-3), S((1024, 512), F32))
 
 
-@program
 def gqa_rope_block():
     heads, kv, dh, t = 8, 2, 64, 256
 
@@ -189,3 +172,9 @@ def gqa_rope_block():
     ps = {"g": S((d,), F32), "wq": S((d, d), F32), "wk": S((d, kv * dh), F32), "wv": S((d, kv * dh), F32),
           "wo": S((d, d), F32), "w1": S((d, 1408), F32), "w3": S((d, 1408), F32), "w2": S((1408, d), F32)}
     return _with_opt(loss, ps, optax.adamw(1e-3), S((16, t, d), F32))
+
+
+PROGRAMS: dict[str, Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]] = {f.__name__: f for f in (
+    groupnorm_unet_train, batchnorm_resnet_train, flax_layernorm_transformer,
+    adafactor_mlp, lion_classifier, clipped_adamw_residual, ema_teacher,
+    clip_contrastive, topk_moe_train, gqa_rope_block)}
