@@ -527,6 +527,20 @@ def test_a_group_norms_centred_values_are_stored_for_the_variances_library_reduc
     assert LOW <= r <= HIGH, r
 
 
+@pytest.mark.xfail(strict=True, reason="known low estimate (0.933): XLA makes the last norm's three backward "
+                   "products of the relu's mask at once, each recomputing the mask from the convolution's output, "
+                   "while the forward's values live; the model's order makes them one after another")
+def test_a_batch_norms_backward_holds_the_masks_products_beside_the_forward_values():
+    """A ResNet step with batch norms (benchmarks/probe_models.py), data parallel on 2x4. XLA
+    computes the relu's mask again inside each fusion that reads it (`compare_select`,
+    `select_multiply`, `multiply_multiply`, the feeds of the norm's gradient reductions), so
+    breadth first all three are ready together and run before the library kernels that read
+    the forward's centred and normalised values. Placing a duplicated value's recomputing
+    readers beside it and a library kernel's members at its root gives 1.000 here but moves
+    the GPT rows of benchmarks/memory.py to 0.93 (notes of issue 14, 2026-12-06)."""
+    _probe_in_band("batchnorm_resnet_train", (2, 4))
+
+
 def test_a_looked_up_gradient_is_scattered_into_the_tied_products_gradient():
     """The expert benchmark's tied-embedding step, data parallel on 2x4: the table's gradient
     is `x + scatter-add(zeros, tokens, dx)`, the unembedding product's gradient plus the
