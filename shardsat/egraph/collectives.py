@@ -81,6 +81,7 @@ class CollectiveKind:
     sums: bool = False  # reduces pending partial sums (XLA:CPU's all-reduce combiner merges these)
     fuses: bool = False  # a view its reader fuses: the reader reads the source buffer
     transposes_minor: bool = False  # gathering a minor dimension leaves a raw buffer and a copy
+    copied_once: bool = False  # read transposed, its result is copied once into the readers' order, then freed
     cpu_sliced_send: bool = False  # XLA:CPU sends source-sized sliced copies beside the result
 
     def whole_buffer_on(self, platform: str) -> bool:
@@ -213,7 +214,7 @@ def _lower_all_to_all(v: Any, step: StepLike, axes: MeshAxes, cpu: bool) -> Any:
 _ORDER = (
     CollectiveKind(NodeKind.ALL_GATHER, "all-gather", Dist.all_gather, _table("GatherT", 2), ("axes", "dim"),
                    _gather_edges, lambda frac, b_src, b_dst: frac * b_dst, _lower_gather, "#f28e2b",
-                   "all-gather", hlo_tuple=True, transposes_minor=True),
+                   "all-gather", hlo_tuple=True, transposes_minor=True, copied_once=True),
     CollectiveKind(NodeKind.DYN_SLICE, "dynamic-slice", Dist.dyn_slice, _table("SliceT", 2), ("axes", "dim"),
                    _slice_edges, None, _lower_slice, "#9c755f", None, fuses=True),
     CollectiveKind(NodeKind.ALL_REDUCE, "all-reduce", Dist.all_reduce, _table("ReduceT", 1), ("axes",),

@@ -1030,7 +1030,7 @@ def copied_view(live: PlanLiveness, b: Buf, t: int) -> bool:
     gathered along a major dimension counted the weights twice: GPT FSDP on 2x4 1.108 of the
     compiled figure, 1.043 now.)"""
     s = live.step_to.get(b)
-    if s is None or not COLLECTIVES[s.kind].transposes_minor:
+    if s is None or not COLLECTIVES[s.kind].copied_once:
         return False
     live.born[b] = min(live.born.get(b, t), t)
     return True
