@@ -1205,7 +1205,7 @@ def sliced_sends(live: PlanLiveness, sends: list[tuple[Buf, int]]) -> dict[Buf, 
         if live.last.get(rb) == t and live.born.get(rb, t) < t:
             live.last[rb] = t - 1
         out[b] = [tl.size(k, src) // n] * n
-        if live.born.get(b) == t and min(live.view_readers.get(b, {t}), default=t) > t + 1:
+        if live.born.get(b) == t and min(live.view_readers.get(b, {t})) > t + 1:
             live.sent[b], live.born[b] = t, t + 1
     return out
 
