@@ -44,6 +44,7 @@ import workloads as classic  # noqa: E402
 from common import make_mesh, mesh_label, parse_mesh  # noqa: E402
 
 import shardsat  # noqa: E402
+from shardsat.runtime.hlo import copied_arguments  # noqa: E402
 
 LOW, HIGH = 0.95, 1.10  # acceptance band of predicted / compiled total
 MiB = 2**20
@@ -70,6 +71,7 @@ class Row:
     compiled: tuple[int, int, int, int] | None = None  # argument, output, alias, temp
     error: str | None = None
     wall_s: float = 0.0
+    copies: tuple[list[str], list[str]] | None = None  # donated arguments copied: predicted, XLA's
 
     @property
     def ratio(self) -> float | None:
@@ -135,13 +137,29 @@ def measure(case: Case, profile: str) -> Row:
                                              memory_limit=None)
         m = plan.cost.memory
         row.predicted = (m.arguments, m.outputs, m.activations_peak)
-        ma = plan.jit().lower(*case.args).compile().memory_analysis()
+        compiled = plan.jit().lower(*case.args).compile()
+        ma = compiled.memory_analysis()
+        row.copies = (sorted(m.copied), copied_arguments(compiled.as_text()))
         row.compiled = (ma.argument_size_in_bytes, ma.output_size_in_bytes, ma.alias_size_in_bytes,
                         ma.temp_size_in_bytes)
     except Exception as e:  # a failing case is a table entry, not the end of the run
         row.error = f"{type(e).__name__}: {e}"
     row.wall_s = time.perf_counter() - t0
     return row
+
+
+def copies_summary(rows: list[Row]) -> str:
+    """How many plans copy the donated arguments XLA copies (copy insertion), and which differ:
+    a copy missed is a weight-sized buffer the estimate may lack."""
+    known = [r for r in rows if r.copies is not None]
+    differ = [r for r in known if r.copies[0] != r.copies[1]]  # type: ignore[index]
+    lines = [f"Donated arguments copied: {len(known) - len(differ)} of {len(known)} plans as XLA copies them."]
+    for r in differ:
+        got, want = r.copies  # type: ignore[misc]
+        c = r.case
+        lines.append(f"- {c.workload} {mesh_label(c.mesh)} {c.plan}: only predicted {sorted(set(got) - set(want))}, "
+                     f"only XLA {sorted(set(want) - set(got))}")
+    return "\n".join(lines)
 
 
 def header(argv: list[str]) -> str:
@@ -180,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = (f"{len(rows)} plans; predicted/compiled total from {min(ratios):.3f} to {max(ratios):.3f}; "
                f"{sum(r.failed() for r in rows)} outside [{LOW}, {HIGH}]" if ratios else "no plan measured")
     text = "\n".join([header([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]), "",
-                      TABLE_HEADER, *(r.markdown() for r in rows), "", summary]) + "\n"
+                      TABLE_HEADER, *(r.markdown() for r in rows), "", summary, copies_summary(rows)]) + "\n"
     print(text, end="")
     if ns.out:
         Path(ns.out).write_text(text)

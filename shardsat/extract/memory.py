@@ -32,6 +32,9 @@ class MemoryEstimate:
     outputs: int  # outputs not written into a donated argument's buffer
     by_path: dict[str, int] = field(default_factory=dict)  # per argument, in its planned layout
     unused: int = 0  # arguments the program never reads: jax.jit does not pass them (not in total)
+    # donated arguments XLA copies before their new values are written (copy insertion: a
+    # reader is not ordered before the update), by path; in the peak (or in freed buffers)
+    copied: tuple[str, ...] = ()
 
     @property
     def arguments(self) -> int:
@@ -62,6 +65,7 @@ class MemoryModel:
         self._timeline: Timeline | None = None
         self._roles: tuple[list[bool], list[bool]] | None = None
         self.last_peak: Peak | None = None
+        self.last_copied: list[int] = []  # the arguments the last `peak` copies (copy insertion)
 
     @property
     def timeline(self) -> Timeline:
@@ -101,7 +105,8 @@ class MemoryModel:
                 continue
             outs += self.bytes_of(o, lid)
         peak = self.peak(ex)
-        return MemoryEstimate(params, opt, inputs, self.gradients(ex), peak.bytes, outs, by_path, unused)
+        copied = tuple(prog.arg_paths[a] for a in self.last_copied)
+        return MemoryEstimate(params, opt, inputs, self.gradients(ex), peak.bytes, outs, by_path, unused, copied)
 
     def _pinned(self, pos: int) -> int | None:
         """The layout an argument the plan never reads is passed in: its pin's (of a partial pin,
@@ -128,6 +133,7 @@ class MemoryModel:
         donated = {k: a for a, k in self.ties}
         copies: list[Temp] = []
         freed: list[tuple[Temp, Allocation]] = []  # copies of arguments whose buffers are then free
+        self.last_copied = []
         combined = live.combined
         end = len(tl.seq)
         for n, (o, lid) in enumerate(zip(prog.outputs, ex.root_layouts, strict=True)):
@@ -140,6 +146,7 @@ class MemoryModel:
             alloc.busy.append((live.born.get(b, 0), end, b in live.inplace))
             if n in donated:  # written into the argument's buffer: busy while the argument is read
                 got, free = self._donated(live, alloc, prog.args[donated[n]], b, combined)
+                self.last_copied += [donated[n]] if got else []
                 if free:
                     freed += [(t, alloc) for t in got]
                 else:

@@ -1,4 +1,5 @@
-"""Count the collectives in compiled HLO text, to check a plan against what XLA emits.
+"""Count the collectives (and the arguments copied) in compiled HLO text, to check a plan
+against what XLA emits.
 
 XLA:CPU lowers a reduce-scatter to an all-reduce whose result feeds a dynamic-slice; GPU and TPU
 emit `reduce-scatter`. Both count as reduce-scatter here. Async pairs (`-start`/`-done`) count once.
@@ -105,3 +106,12 @@ def _feeds_slice(name: str, ops: dict[str, str], users: dict[str, list[str]], ca
         else:
             return False
     return sliced
+
+
+def copied_arguments(hlo_text: str) -> list[str]:
+    """The paths (jax's `args[0][1]...`, as `MemoryEstimate.by_path`) of the arguments a compiled
+    module's entry computation copies whole, sorted."""
+    text = hlo_text.replace("\\'", "'")
+    entry = text[text.find("\nENTRY"):]
+    params = dict(re.findall(r'%([\w.-]+) = [^\n]* parameter\(\d+\)[^\n]*op_name="([^"]+)"', entry))
+    return sorted({params[p] for p in re.findall(r" copy\(%([\w.-]+)\)", entry) if p in params})

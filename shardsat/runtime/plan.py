@@ -23,7 +23,7 @@ from ..extract.profile import DeviceProfile
 from ..limits import StopReason
 from ..rules.apply import RuleTables
 from .argcheck import PlannedArgs, planned_args
-from .hlo import count_collectives
+from .hlo import copied_arguments, count_collectives
 from .lower import Interpreter
 from .record import Origin
 
@@ -290,6 +290,12 @@ class Plan:
             return None
         arg, out, alias, temp = (int(p) for p in parts)  # type: ignore[arg-type]
         return arg + out - alias + temp
+
+    def compiled_argument_copies(self, *args: Any) -> list[str]:
+        """The paths of the arguments XLA copies whole in the compiled program (copy insertion:
+        a donated argument read where nothing orders the read before its new value is written),
+        sorted. The reference for `cost.memory.copied`."""
+        return copied_arguments(self.jit().lower(*args).compile().as_text())
 
     def jit(self, *, donate_argnums: tuple[int, ...] | None = None) -> Any:
         """`jax.jit` of the planned program with the plan's shardings. Loop-carried state
