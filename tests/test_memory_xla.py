@@ -458,6 +458,24 @@ def test_copied_weights_take_the_buffers_earlier_copies_freed(expert):
     assert abs(r - 1) < 0.01, r
 
 
+@pytest.mark.parametrize("shape", [(8,), (2, 4)])
+def test_a_weight_whose_input_gradient_reads_a_slice_of_it_is_copied(shape):
+    """The MLP Adam step with its weights replicated and the update split (DP+WUS): the plan's
+    second weight is read by its input gradient's product as a slice (the product's result
+    split; on 2x4 sliced over both axes, one hop each), which nothing orders before the
+    weight's update, so XLA copies it first, as it copies the later weights read whole. A slice
+    read in place was not counted as a read of the argument, and the estimate left that copy
+    out: the copies are now XLA's."""
+    mlp, make_mesh = _experts("mlp", "common.make_mesh")
+
+    mesh = make_mesh(shape)
+    prob = mlp.build(1024, 4096, 4, 2048, True, mesh)
+    plan, _ = _expert_plan_ratio(prob, mesh, "DP+WUS")
+    want = plan.compiled_argument_copies(*prob.args)
+    assert "args[0][0][1]" in want
+    assert sorted(plan.cost.memory.copied) == want
+
+
 def test_weights_gathered_in_two_hops_hold_one_middle_at_a_time():
     """Six FSDP+TP weights on 2x2x2 that the plan gathers whole in two hops at the start (over
     (data, fsdp), then over model): XLA frees each half once its next hop is made, so the start

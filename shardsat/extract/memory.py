@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..egraph.collectives import COLLECTIVES
 from ..egraph.export import ExportedGraph
 from ..egraph.layout import SpaceTable
 from ..egraph.program import Literal, Program
@@ -173,7 +174,7 @@ class MemoryModel:
         if ka is None or grp not in ch:
             return [], False
         b = (ka, ch[grp].layout)
-        last = live.last.get(b, 0)
+        last = max([live.last.get(b, 0), *(r for _, rs in slice_views(live, b) for r in rs)])
         made = tl.made_at.get(out[0])
         late = [] if made is None else self._late_readers(live, b, made, combined)
         if not late:
@@ -189,15 +190,18 @@ class MemoryModel:
 
     def _late_readers(self, live: PlanLiveness, b: Buf, made: int, combined: tuple[tuple[int, int], ...]) -> list[int]:
         """The readers of a donated argument's buffer not provably before its new value's
-        producer `made`. Dots reading one transposed copy of it read the copy, which is made
-        before every one of them: the copy is early enough where any of them is."""
+        producer `made`: those of the buffer and of its slices read in place. Dots reading one
+        transposed copy of it read the copy, which is made before every one of them: the copy
+        is early enough where any of them is."""
         tl = self.timeline
-        groups = live.copy_groups.get(b, [])
-        via_copy = set().union(*groups)
-        late = [r for r in live.direct.get(b[0], set()) - via_copy if not tl.runs_before({r}, made, combined)]
-        for g in groups:
-            if not any(tl.runs_before({r}, made, combined) for r in g):
-                late += sorted(g)
+        late: list[int] = []
+        for v, readers in [(b, live.direct.get(b[0], set())), *slice_views(live, b)]:
+            groups = live.copy_groups.get(v, [])
+            via_copy = set().union(*groups)
+            late += [r for r in readers - via_copy if not tl.runs_before({r}, made, combined)]
+            for g in groups:
+                if not any(tl.runs_before({r}, made, combined) for r in g):
+                    late += sorted(g)
         return late
 
     def gradients(self, ex: Extraction) -> int:
@@ -224,6 +228,27 @@ class MemoryModel:
                     reduced = [lid for lid in (*c.demanded, c.layout) if not self.spaces.layouts[lid].partial]
                     grads += min(self.bytes_of(o, lid) for lid in reduced) if reduced else self.bytes_of(o, None)
         return grads
+
+
+def slice_views(live: PlanLiveness, b: Buf) -> list[tuple[Buf, set[int]]]:
+    """The views of buffer `b` in another layout that slice it in place (a sharded product or
+    update reading its part of a replicated weight), each with the positions reading it: they
+    read `b`'s own buffer, as late as they run (an XLA:CPU dump of a weight-update-sharded
+    Adam step copies each weight whose input gradient's product reads a slice of it)."""
+    return [(v, readers) for v, readers in live.view_readers.items()
+            if v[0] == b[0] and v[1] != b[1] and _sliced_from(live, v, b[1])]
+
+
+def _sliced_from(live: PlanLiveness, v: Buf, lid: int) -> bool:
+    """Is view `v` made from its value in layout `lid` by slices alone (one hop per axis)?"""
+    seen = {v[1]}
+    while v[1] != lid:
+        s = live.step_to.get(v)
+        if s is None or not COLLECTIVES[s.kind].fuses or s.src in seen:  # type: ignore[attr-defined]
+            return False
+        v = (v[0], s.src)  # type: ignore[attr-defined]
+        seen.add(v[1])
+    return True
 
 
 def estimate_memory(
