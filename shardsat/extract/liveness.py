@@ -186,10 +186,12 @@ class Timeline:
         """Do all `readers` (positions) run before position t, by dependency (or are t)?
         `combined`: per all-reduce XLA combines into one, (sources, their ancestors): what
         depends on one of its sources depends on all."""
-        anc = self.anc[t]
-        for bits, above in combined:
-            if anc & bits:
-                anc |= above
+        anc, grown = self.anc[t], True
+        while grown:  # one wave's results may be what another's sources wait for
+            grown = False
+            for bits, above in combined:
+                if anc & bits and above & ~anc:
+                    anc, grown = anc | above, True
         for r in readers:
             for r2 in self.mreaders.get(r, (r,)):
                 if r2 != t and not (anc >> r2) & 1:
@@ -716,7 +718,7 @@ class PlanLiveness:
         branch: computation_at): per computation and group of mesh axes, the last wave of
         reductions (that no other reduction waits for) runs once all their sources exist, which
         stay live until then, and writes every result then. `combined`: per group, (sources,
-        their ancestors) as bitsets of positions of the first wave."""
+        their ancestors) as bitsets of positions, of its first wave and of its last."""
         tl = self.tl
         groups: dict[tuple[object, ...], list[tuple[Buf, object, int, int]]] = {}
         for b, s in self.step_to.items():
@@ -727,11 +729,13 @@ class PlanLiveness:
                     bits |= 1 << p
                 key = (computation_at(tl, src), tuple(sorted(s.axes)))  # type: ignore[attr-defined]
                 groups.setdefault(key, []).append((b, s, src, bits))
-        self.combined = tuple(self._combine_group(reds) for reds in groups.values())
+        self.combined = tuple(w for reds in groups.values() for w in self._combine_group(reds))
 
-    def _combine_group(self, reds: list[tuple[Buf, object, int, int]]) -> tuple[int, int]:
+    def _combine_group(self, reds: list[tuple[Buf, object, int, int]]) -> list[tuple[int, int]]:
         """One combined all-reduce: its last wave's sources live until all exist; returns the
-        first wave's (sources, their ancestors)."""
+        first wave's and the last wave's (sources, their ancestors): what one update waits for,
+        all wait for (XLA's copy insertion orders a weight's late read before every update
+        once the combined gradients' reduction waits for it)."""
         tl = self.tl
         sinks = [r for r in reds if not any(r2 is not r and (tl.anc[r2[2]] | (1 << r2[2])) & r[3] for r2 in reds)]
         if len(sinks) > 1:
@@ -759,12 +763,8 @@ class PlanLiveness:
         every = 0
         for _, _, src, _ in reds:
             every |= 1 << src
-        bits = anc = 0
-        for _, _, src, _ in reds:  # the first wave: what one update waits for, all wait for
-            if not tl.anc[src] & every:
-                bits |= 1 << src
-                anc |= tl.anc[src] | (1 << src)
-        return bits, anc
+        first = [src for _, _, src, _ in reds if not tl.anc[src] & every]
+        return [wave(tl, first), wave(tl, [src for _, _, src, _ in sinks])]
 
     def _fused_slice(self, k: Key, lid: int, whole: bool) -> bool:
         """A slice its reader fuses (it reads the source buffer itself)."""
@@ -975,6 +975,15 @@ class PlanLiveness:
         best = max(best, packed_heap(left))
         at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
         return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
+
+
+def wave(tl: Timeline, srcs: list[int]) -> tuple[int, int]:
+    """(sources, their ancestors) of reductions XLA combines into one, as bitsets."""
+    bits = anc = 0
+    for src in srcs:
+        bits |= 1 << src
+        anc |= tl.anc[src] | (1 << src)
+    return bits, anc
 
 
 def duplicated_values(live: PlanLiveness, reads: list[list[tuple[Key, int | None, bool]]]) -> frozenset[Key]:
