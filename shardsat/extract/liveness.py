@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -620,6 +620,8 @@ class PlanLiveness:
         self.stepped: set[Buf] = set()  # views holding their step's buffers at their birth (chains.py)
         self.sent: dict[Buf, int] = {}  # all-to-alls whose slices are made a step before the pieces arrive
         self.sliced_whole: dict[Buf, tuple[int, int, int]] = {}  # reduce-scatters read sliced: the whole buffer
+        self.prepared: set[Buf] = set()  # minor gathers copied for a reader running then (half_steps)
+        self.early: list[tuple[int, int, int]] = []  # transients of the collectives made with them
 
     def run(self) -> None:
         tl = self.tl
@@ -667,7 +669,9 @@ class PlanLiveness:
             k = tl.key(o) if isinstance(o, int) else None
             if k is not None and lid is not None:  # an output in another layout is a view too
                 self.read(tl.redirect.get(k, k), lid, end, end, True)
+        n = len(self.transient)
         self._views()
+        self.early = made_with_copies(self, self.transient[n:])
         copied_views_read(self, copied_views)
         held_through_loops(self, read_last)
         self._combine()
@@ -912,13 +916,15 @@ class PlanLiveness:
                     made[b] = [self.tl.size(b[0], s.src)]  # type: ignore[attr-defined]
             elif COLLECTIVES[s.kind].sliced_send_on(platform):  # type: ignore[attr-defined]
                 sends.append((b, t))
-            elif COLLECTIVES[s.kind].transposes_minor and self.minor(b[0], s.dst, s.dim):  # type: ignore[attr-defined]
-                # the raw gathered buffer now, the transposed copy (the view) a step later. XLA
-                # gathers every weight's raw buffer before copying any (breadth-first), so they
-                # are at t side by side; a chain's middle hop (no op reads it) is a chain's step
-                self.born[b] = min(t + 1, max(self.last.get(b, t), t))
+            elif COLLECTIVES[s.kind].transposes_minor and minor(self.tl, b[0], s.dst, s.dim):  # type: ignore[attr-defined]
+                # the raw gathered buffer now, the transposed copy (the view) a step later, or at t
+                # if read then (half_steps). XLA gathers every weight's raw buffer before copying any
+                # (breadth-first): at t side by side; a chain's middle hop (no op reads it) is a chain's step
+                self.born[b] = max(t, min(t + 1, self.last.get(b, t), *self.view_readers.get(b, ())))
                 if b in self.view_readers or self.born[b] > t:
                     self.transient.append((t, t, self.tl.size(*b)))
+                    if self.born[b] == t and self._source_birth(b) >= 0:
+                        self.prepared.add(b)
                 else:
                     made[b] = [self.tl.size(*b)]
                 if self.born[b] > t:
@@ -940,12 +946,6 @@ class PlanLiveness:
             src = (src[0], self.step_to[src].src)  # type: ignore[attr-defined]
         made = self.tl.made_at.get(src[0])  # a value fused into the view's own fusion
         return self.born.get(src, -1 if made is None or src in self.step_to else self.tl.birth_time(made))
-
-    def minor(self, k: Key, lid: int, dim: int) -> bool:
-        """Does a dimension before `dim` have more than one element per shard?"""
-        v = self.tl.program.values[self.tl.rep[k]]
-        shard = self.tl.spaces.layouts[lid].shard_shape(v.shape, self.tl.spaces.mesh)
-        return any(n > 1 for n in shard[:dim])
 
     def is_buffer(self, b: Buf) -> bool:
         """A view (a collective's result) always is; an equation's result when XLA stores it."""
@@ -969,12 +969,52 @@ class PlanLiveness:
                           for i in range(n)]
         temps += extra
         temps += [Temp(size, t0, t1) for t0, t1, size in self.transient]
+        temps = half_steps(self, temps, fixed)
         share_inplace(temps)
         left = reuse_fixed(temps, fixed)
         best, best_t = heap_peak(left)
         best = max(best, packed_heap(left))
         at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
-        return Peak(best, best_t, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
+        return Peak(best, (best_t + 1) // 2, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
+
+
+def minor(tl: Timeline, k: Key, lid: int, dim: int) -> bool:
+    """Does a dimension before `dim` have more than one element per shard?"""
+    v = tl.program.values[tl.rep[k]]
+    shard = tl.spaces.layouts[lid].shard_shape(v.shape, tl.spaces.mesh)
+    return any(n > 1 for n in shard[:dim])
+
+
+def made_with_copies(live: PlanLiveness, made: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The collectives' transients (`made`: raw gathered buffers, slices sent, chain steps) of the
+    instants where a minor all-gather is copied for a reader that runs then: XLA runs every
+    collective of that instant before the reader (half_steps)."""
+    when = {live.born[b] for b in live.prepared}
+    return [x for x in made if x[0] in when]
+
+
+def half_steps(live: PlanLiveness, temps: list[Temp], fixed: list[Allocation]) -> list[Temp]:
+    """Each instant t in two halves, 2t - 1 and 2t. Where a minor all-gather of a value is read at
+    the instant it is made (`live.prepared`), it is gathered raw and copied into its reader's
+    order in the first half, with the instant's other collectives and views, and the raw buffer
+    is freed before the reader runs: XLA:CPU runs all-gather, copy, product, so the raw buffer
+    never meets the product's result (the GNN step on 2x2x2). Every other buffer is made in the
+    second half. An argument's gathers are not moved: XLA gathers and copies every weight at the
+    start, before the first product (Megatron's MLP on 8)."""
+    early = Counter(live.early)
+    when = {live.born[b] for b in live.prepared}
+    out: list[Temp] = []
+    for t in temps:
+        key = (t.start, t.end, t.size)
+        pre = 1 if t.tag is None and not t.kept and early[key] > 0 else 0
+        early[key] -= pre
+        view = t.tag in live.step_to or (t.tag is None and t.kept)  # untagged and kept: a view's later pieces
+        made = 1 if view and t.start in when else 0
+        out.append(Temp(t.size, 2 * t.start - (pre or made), 2 * t.end - (pre and t.end == t.start),
+                        t.inplace, t.tag, t.kept))
+    for a in fixed:
+        a.busy = [(2 * s, 2 * e, ip) for s, e, ip in a.busy]
+    return out
 
 
 def wave(tl: Timeline, srcs: list[int]) -> tuple[int, int]:
@@ -1238,7 +1278,7 @@ def gathered_in_order(live: PlanLiveness, reads: list[list[tuple[Key, int | None
     for b, seen in orders.items():
         s = live.step_to.get(b)
         if (b not in other and len(seen) == 1 and s is not None
-                and COLLECTIVES[s.kind].transposes_minor and live.minor(b[0], s.dst, s.dim)):  # type: ignore[attr-defined]
+                and COLLECTIVES[s.kind].transposes_minor and minor(live.tl, b[0], s.dst, s.dim)):  # type: ignore[attr-defined]
             out.add(b)
     return out
 
