@@ -493,6 +493,23 @@ def test_a_late_read_the_combined_gradient_reduction_waits_for_needs_no_copy():
     assert sorted(plan.cost.memory.copied) == want
 
 
+def test_a_scale_read_where_its_fused_product_is_computed_again_is_copied():
+    """The expert benchmark's GPT step, DP+Megatron on 8: the layer norms' scales and the second
+    MLP biases feed cheap ops (`x * scale`, `h + b`) that XLA fuses into their readers and
+    computes again in the backward pass, reading the donated parameter there, after nothing
+    orders the read before its update: XLA copies each. The model dated the read where the op
+    is in the program (the forward pass) and copied none of them."""
+    (transformer,) = _experts("transformer")
+    make_mesh = _experts("common.make_mesh")[0]
+
+    mesh = make_mesh((8,))
+    prob = next(w for w in transformer.workloads() if w.name.startswith("gpt")).build(mesh)
+    plan, _ = _expert_plan_ratio(prob, mesh, "DP+Megatron", rtol=2e-3)
+    want = plan.compiled_argument_copies(*prob.args)
+    assert any("scale" in p for p in want) and any("b2" in p for p in want)
+    assert sorted(plan.cost.memory.copied) == want
+
+
 def test_weights_gathered_in_two_hops_hold_one_middle_at_a_time():
     """Six FSDP+TP weights on 2x2x2 that the plan gathers whole in two hops at the start (over
     (data, fsdp), then over model): XLA frees each half once its next hop is made, so the start

@@ -660,6 +660,8 @@ class PlanLiveness:
                     copied_views.append(((ka, lid), t))  # its read is the copy's (copied_views_read)
                     continue
                 self.read(ka, lid, min(c, lo), c if cp else hi, whole or (ka, lid) in self.sliced_masks)
+                if not (cp or view) and hi > t:  # read again where the fused value is (copy insertion)
+                    self.direct.setdefault(ka, set()).add(hi)
             for c, (ka, lid, whole) in recomputed.get(t, ()):
                 self.read(ka, lid, min(c, lo), c, whole)
         read_last = dict(self.last)  # the equations' reads, not the loops' of their initial carries
