@@ -18,7 +18,7 @@ from ..egraph.export import ExportedGraph
 from ..egraph.layout import SpaceTable
 from ..egraph.program import Literal, Program
 from .buffers import Allocation, Temp, chain_copies
-from .liveness import Buf, Peak, PlanLiveness, Timeline, execution_order
+from .liveness import Buf, Key, Peak, PlanLiveness, Timeline, execution_order
 from .result import Extraction
 from .structure import heavy_roles, is_heavy
 
@@ -65,6 +65,7 @@ class MemoryModel:
         self.pins = pins or {}
         self._timeline: Timeline | None = None
         self._roles: tuple[list[bool], list[bool]] | None = None
+        self._carries: list[tuple[frozenset[int], int, Key, int]] | None = None  # loop_carries
         self.last_peak: Peak | None = None
         self.last_copied: list[int] = []  # the arguments the last `peak` copies (copy insertion)
 
@@ -137,6 +138,7 @@ class MemoryModel:
         self.last_copied = []
         combined = live.combined
         end = len(tl.seq)
+        copies += self._loop_state_copies(live)
         for n, (o, lid) in enumerate(zip(prog.outputs, ex.root_layouts, strict=True)):
             k = tl.key(o) if isinstance(o, int) else None
             if k is None or lid is None:
@@ -204,6 +206,29 @@ class MemoryModel:
                     late += sorted(g)
         return late
 
+    def _loop_state_copies(self, live: PlanLiveness) -> list[Temp]:
+        """Copy insertion inside a loop's body: the new carry is written into the loop state's
+        buffer, so where a reader of the old carry is not provably before the new value's
+        producer, XLA copies the old carry as the body starts and every reader in the body reads
+        the copy (a fori_loop of SGD steps on 1x8: the input gradient's product reads the second
+        weight, unordered with its update; `copy.10` in the body's XLA:CPU dump). The state's
+        buffer is then free until the new value is written, and XLA puts some of the body's
+        temporaries there; which ones its heuristics pick is not modelled (letting every one
+        that fits in, as reuse_fixed does, read 0.929 of compiled on 2x2x2), so the state is
+        held: the estimate errs high, by at most the carry."""
+        if self._carries is None:
+            self._carries = loop_carries(self.timeline)
+        tl, out = self.timeline, []
+        for body, start, kf, made in self._carries:
+            if kf not in live.produced:
+                continue
+            b = (kf, live.produced[kf])
+            if any(r in body for r in self._late_readers(live, b, made, live.combined)):
+                reads = [*live.direct.get(kf, ()), *(r for _, rs in slice_views(live, b) for r in rs),
+                         *(r for g in live.copy_groups.get(b, []) for r in g)]
+                out.append(Temp(tl.size(*b), start, max(r for r in reads if r in body), tag=b))
+        return out
+
     def gradients(self, ex: Extraction) -> int:
         """Reduced gradients: contraction-derived values with a weight's shape that feed no
         contraction (a part of the peak, reported on its own)."""
@@ -228,6 +253,33 @@ class MemoryModel:
                     reduced = [lid for lid in (*c.demanded, c.layout) if not self.spaces.layouts[lid].partial]
                     grads += min(self.bytes_of(o, lid) for lid in reduced) if reduced else self.bytes_of(o, None)
         return grads
+
+
+def loop_carries(tl: Timeline) -> list[tuple[frozenset[int], int, Key, int]]:
+    """Per carry of a loop XLA runs (not folded) that its body changes: the body's positions,
+    where the body starts, the loop state's key (the final carry's) and the position making
+    the new value (MemoryModel._loop_state_copies)."""
+    out = []
+    for reg in tl.program.scans:
+        start = tl.start.get(reg.index)
+        if reg.folded or reg.kind not in ("scan", "while") or start is None:
+            continue
+        body = frozenset(t for t in range(start, len(tl.seq)) if in_region(tl, t, reg.index))
+        for cin, cout in zip(reg.carry_in, reg.carry_out, strict=True):
+            kc, ko = tl.key(cin), tl.key(cout) if isinstance(cout, int) else None
+            kf = tl.redirect.get(kc, kc) if kc is not None else None
+            made = tl.made_at.get(ko) if ko is not None and ko not in (kc, kf) else None
+            if kf is not None and made in body:
+                out.append((body, start, kf, made))
+    return out
+
+
+def in_region(tl: Timeline, t: int, r: int) -> bool:
+    """Does position `t` run inside region `r` (or a region nested in it)?"""
+    q = tl.seq[t].region
+    while q is not None and q != r:
+        q = tl.program.scans[q].parent
+    return q == r
 
 
 def slice_views(live: PlanLiveness, b: Buf) -> list[tuple[Buf, set[int]]]:
