@@ -229,6 +229,23 @@ def fori_sgd_steps():
 
 
 @program
+def inner_sgd_then_eval():
+    """A few SGD steps of a four-layer MLP in a fori_loop, then the adapted weights' loss on
+    other data (a meta-learning inner loop): the loop's state is not an output."""
+    def deep(p, x):
+        for w in p[:-1]:
+            x = jnp.tanh(x @ w)
+        return x @ p[-1]
+
+    def run(p, x, y):
+        def one(i, p):
+            g = jax.grad(lambda p: jnp.mean(deep(p, x) ** 2))(p)
+            return jax.tree.map(lambda a, b: a - 0.01 * b, p, g)
+        return jnp.mean(deep(lax.fori_loop(0, 3, one, p), y) ** 2)
+    return run, ([S((1024, 1024), F32)] * 4, S((512, 1024), F32), S((512, 1024), F32))
+
+
+@program
 def nested_scan_rnn():
     def loss(ws, xs):
         def layer(h, w):

@@ -1238,3 +1238,18 @@ def test_a_loop_carry_read_unordered_with_its_update_is_copied_in_the_body():
     (`copy.10` in the XLA:CPU dump); the first weight, read last by its own update, is not
     copied. Without the copy the estimate was 0.935 of compiled."""
     _probe_in_band("fori_sgd_steps", (1, 8))
+
+
+def test_a_loop_state_copied_in_the_body_is_free_until_the_new_value_is_written():
+    """SGD steps of a four-layer MLP in a fori_loop on 1x8, whose result a loss reads (the
+    state is not an output): XLA copies three of the four weights as the body starts and its
+    heap reuses their state buffers until the updates write them. Held as well as copied, the
+    estimate's temporaries were 13.0 MiB against XLA's 11.5 (1.086 of compiled in total)."""
+    (probe,) = _experts("memory_probe")
+    mesh = jax.make_mesh((1, 8), ("data", "model"))
+    fn, abstract = probe.PROGRAMS["inner_sgd_then_eval"]()
+    args = _concrete(abstract)
+    plan = shardsat.saturate_and_extract(fn, mesh, *args, memory_limit=None)
+    _close(plan.jit()(*args), jax.jit(fn)(*args))
+    temp = plan.jit().lower(*args).compile().memory_analysis().temp_size_in_bytes
+    assert abs(plan.cost.memory.activations_peak / temp - 1) <= 0.02, (plan.cost.memory.activations_peak, temp)

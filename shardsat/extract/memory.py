@@ -138,7 +138,8 @@ class MemoryModel:
         self.last_copied = []
         combined = live.combined
         end = len(tl.seq)
-        copies += self._loop_state_copies(live)
+        loops = self._loop_state_copies(live)
+        copies += [t for t, _ in loops]
         for n, (o, lid) in enumerate(zip(prog.outputs, ex.root_layouts, strict=True)):
             k = tl.key(o) if isinstance(o, int) else None
             if k is None or lid is None:
@@ -154,7 +155,7 @@ class MemoryModel:
                     freed += [(t, alloc) for t in got]
                 else:
                     copies += got
-        copies += chain_copies(freed)
+        copies += chain_copies(freed) + freed_states(live, loops, excluded)
         self.last_peak = live.peak(excluded, list(fixed.values()), copies)
         return self.last_peak
 
@@ -206,16 +207,14 @@ class MemoryModel:
                     late += sorted(g)
         return late
 
-    def _loop_state_copies(self, live: PlanLiveness) -> list[Temp]:
+    def _loop_state_copies(self, live: PlanLiveness) -> list[tuple[Temp, int]]:
         """Copy insertion inside a loop's body: the new carry is written into the loop state's
         buffer, so where a reader of the old carry is not provably before the new value's
         producer, XLA copies the old carry as the body starts and every reader in the body reads
         the copy (a fori_loop of SGD steps on 1x8: the input gradient's product reads the second
-        weight, unordered with its update; `copy.10` in the body's XLA:CPU dump). The state's
-        buffer is then free until the new value is written, and XLA puts some of the body's
-        temporaries there; which ones its heuristics pick is not modelled (letting every one
-        that fits in, as reuse_fixed does, read 0.929 of compiled on 2x2x2), so the state is
-        held: the estimate errs high, by at most the carry."""
+        weight, unordered with its update; `copy.10` in the body's XLA:CPU dump). Each copy comes
+        with the position writing the new value: the state's buffer is free in between
+        (freed_states)."""
         if self._carries is None:
             self._carries = loop_carries(self.timeline)
         tl, out = self.timeline, []
@@ -226,7 +225,7 @@ class MemoryModel:
             if any(r in body for r in self._late_readers(live, b, made, live.combined)):
                 reads = [*live.direct.get(kf, ()), *(r for _, rs in slice_views(live, b) for r in rs),
                          *(r for g in live.copy_groups.get(b, []) for r in g)]
-                out.append(Temp(tl.size(*b), start, max(r for r in reads if r in body), tag=b))
+                out.append((Temp(tl.size(*b), start, max(r for r in reads if r in body), tag=b), made))
         return out
 
     def gradients(self, ex: Extraction) -> int:
@@ -253,6 +252,25 @@ class MemoryModel:
                     reduced = [lid for lid in (*c.demanded, c.layout) if not self.spaces.layouts[lid].partial]
                     grads += min(self.bytes_of(o, lid) for lid in reduced) if reduced else self.bytes_of(o, None)
         return grads
+
+
+def freed_states(live: PlanLiveness, loops: list[tuple[Temp, int]], excluded: set[Buf]) -> list[Temp]:
+    """A loop state copied in the body (MemoryModel._loop_state_copies) is free from the copy
+    until the new value is written, and XLA's heap reuses it (three weights of a fori_loop of
+    SGD steps whose result a loss reads: 1.097 of compiled with the states held). The state
+    is then two buffers of the heap; one `excluded` from it (an output's allocation) stays
+    busy: which of the body's temporaries XLA puts there its heuristics decide (every one that
+    fits in, as reuse_fixed places them, read 0.929 of compiled on 2x2x2), so the estimate errs
+    high there, by at most the carry."""
+    out = []
+    for copy, made in loops:
+        b = copy.tag
+        if b in excluded or b not in live.born:
+            continue
+        excluded.add(b)  # type: ignore[arg-type]
+        born, last = live.born[b], live.last.get(b, made)  # type: ignore[index]
+        out += [Temp(copy.size, born, copy.start, b in live.inplace, b), Temp(copy.size, made, max(last, made), tag=b)]
+    return out
 
 
 def loop_carries(tl: Timeline) -> list[tuple[frozenset[int], int, Key, int]]:
