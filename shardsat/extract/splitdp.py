@@ -35,9 +35,14 @@ class Reads:
 
     @classmethod
     def of(cls, sg: SearchGraph, roots: Roots) -> Reads:
+        """Readers no root reaches are left out: no plan holds them (an alternative rewrite's
+        dead branch), and counting them in k_h lowers every share of h and of what h reads."""
         k = [0] * sg.g.num_groups
         pair: dict[tuple[int, int], int] = {}
+        live = reachable(sg, roots)
         for p, prods in enumerate(sg.prod_any):
+            if p not in live:
+                continue
             most: Counter[int] = Counter()
             for n in prods:
                 for h, c in Counter(h for h, _ in sg.kid_gl[n]).items():
@@ -55,6 +60,19 @@ class Reads:
     def copies(self, h: int, roots: Roots) -> list[int]:
         """The places that read h: reader groups, then roots encoded -1 - root index."""
         return self.readers.get(h, []) + [-1 - r for r, (g, _) in enumerate(roots) if g == h]
+
+
+def reachable(sg: SearchGraph, roots: Roots) -> set[int]:
+    """Groups some production chain from a root reads: the only ones a plan can hold."""
+    live = {g for g, _ in roots}
+    stack = list(live)
+    while stack:
+        for n in sg.prod_any[stack.pop()]:
+            for h, _ in sg.kid_gl[n]:
+                if h not in live:
+                    live.add(h)
+                    stack.append(h)
+    return live
 
 
 @dataclass
