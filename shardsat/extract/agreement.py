@@ -15,6 +15,15 @@ every plan: h's readers must be *exact* (extract/splitbound.py's share is 1 in e
 production of every reader reads h the same number of times, and the readers are exact in turn
 or roots), else a negative price could be counted less than fully. Subgradient steps (Polyak's,
 towards the plan's cost) move the prices so the copies' choices agree; the best round is kept.
+
+The same steps move two more sets of multipliers of the same relaxation:
+- the tied inputs' lam (extract/splitbound.py), where the solution places state in one layout
+  and returns it in another (kept >= 0: a tied input read by less than its whole share would
+  count a negative one less than fully);
+- each priced value's resharding shares beta_c(s) (>= 0, summing to at most 1 per source
+  layout): its resharding tree is at least its longest path, and 1/k_h shares count a path one
+  copy of k_h takes at 1/k_h of its price. The bound is concave in the shares, so they move
+  along its supergradient (what each copy's reads move from s) and are projected back.
 """
 
 from __future__ import annotations
@@ -26,13 +35,16 @@ import numpy as np
 
 from .searchgraph import SearchGraph
 from .splitbound import SplitRounds, split_total
-from .splitdp import Prices, Reads, Roots, SplitDP, Trace
+from .splitdp import Prices, Reads, Roots, Shares, SplitDP, Trace
 
 STALL = 3  # rounds without a better bound before the step halves
 THETA = 1.0  # the first step's share of Polyak's
 MAX_ROUNDS = 60
 MIN_ROUNDS = 4  # rounds however small the budget
 NOISE = 1e-9  # a projected use below this is rounding
+# a priced group's resharding shares move where its copies x layouts^2 stay below this (the
+# shared values are a [copies, layouts, layouts] array per evaluation)
+SHARE_CELLS = 2_000_000
 
 
 def exact_groups(sg: SearchGraph, reads: Reads, roots: Roots) -> set[int]:
@@ -66,15 +78,21 @@ def _reads_alike(sg: SearchGraph, p: int, g: int, count: int) -> bool:
 
 @dataclass
 class Agreement:
-    """The copies of each value that gets prices, and the prices."""
+    """The copies of each value that gets prices, and the prices; and the tied inputs'
+    multipliers (extract/splitbound.py's lam), moved by the same steps."""
 
     copies: dict[int, list[tuple[int, int]]]  # group -> (copy, reads by one production)
     scale: dict[int, float]  # group -> the size of its prices' steps (its resharding's typical cost)
+    lam: dict[int, np.ndarray]  # tied input -> multiplier per layout (>= 0)
+    tied: dict[int, int]  # root index -> tied input, where the input has multipliers
+    shares: dict[int, Shares]  # every group's shares the dynamic program reads
+    moving: set[int]  # priced groups whose resharding shares (beta) move
     nu: Prices = field(default_factory=dict)
 
     @classmethod
     def of(cls, sg: SearchGraph, roots: Roots, rounds: SplitRounds) -> Agreement:
-        """Exact groups with two copies or more, but the roots a tie subtracts its multiplier at."""
+        """Exact groups with two copies or more, but the roots a tie subtracts its multiplier at;
+        the best round's multipliers, zero where it had none."""
         reads = rounds.reads
         skip = {roots[r][0] for r in rounds.tied}
         copies: dict[int, list[tuple[int, int]]] = {}
@@ -82,7 +100,34 @@ class Agreement:
             cs = [(c, reads.pair[(c, h)] if c >= 0 else 1) for c in reads.copies(h, roots)]
             if len(cs) >= 2 and sg.group_key[h] in sg.paths:
                 copies[h] = cs
-        return cls(copies, {h: _scale(sg, h) for h in copies})
+        tied = {r: h for r, h in rounds.tied.items() if sg.group_key[h] in sg.paths}
+        lam = {h: rounds.lam[h].copy() if h in rounds.lam else np.zeros(len(sg.paths[sg.group_key[h]].layouts))
+               for h in tied.values()}
+        scale = {h: _scale(sg, h) for h in {*copies, *lam}}
+        shares, moving = _moving_shares(sg, rounds, copies)
+        return cls(copies, scale, lam, tied, shares, moving)
+
+
+def _moving_shares(sg: SearchGraph, rounds: SplitRounds, copies: dict[int, list[tuple[int, int]]]
+                   ) -> tuple[dict[int, Shares], set[int]]:
+    """Shares whose resharding part the subgradient moves, per priced group (from its round's
+    shares, else 1/k_h each): a resharding tree costs at least its longest path, which shares
+    that sum to 1 per source layout can reach where 1/k_h gives a path read once in k_h reads
+    1/k_h of itself (a weight read sharded by its update and gathered by the forward pass)."""
+    shares = dict(rounds.shares)
+    moving: set[int] = set()
+    for h, cs in copies.items():
+        size = len(sg.paths[sg.group_key[h]].layouts)
+        if len(cs) * size * size > SHARE_CELLS:
+            continue
+        old = shares.get(h)
+        counts = [m for _, m in cs]
+        if old is None:
+            even = np.outer(np.asarray(counts, float) / rounds.reads.k[h], np.ones(size))
+            old = Shares([c for c, _ in cs], counts, even, even)
+        shares[h] = Shares(old.copies, old.reads, old.gamma, old.beta.copy())
+        moving.add(h)
+    return shares, moving
 
 
 def agreed_bound(sg: SearchGraph, roots: Roots, rounds: SplitRounds, target: float, evaluations: float,
@@ -94,33 +139,41 @@ def agreed_bound(sg: SearchGraph, roots: Roots, rounds: SplitRounds, target: flo
     if rounds.passes != 1:  # a cycle: values read before they are made count 0, which a negative price breaks
         return rounds.bound
     ag = Agreement.of(sg, roots, rounds)
-    if not ag.copies:
+    if not ag.copies and not ag.lam:
         return rounds.bound
     dep = _priced_readers(sg, ag)
-    dp = SplitDP(rounds.tables.with_copied(ag.copies), rounds.lam, rounds.shares, ag.nu, Trace(frozenset(ag.copies)))
+    dp = SplitDP(rounds.tables.with_copied(ag.copies), ag.lam, ag.shares, ag.nu, Trace(frozenset(ag.copies)))
     best, theta, stall, spent = rounds.bound, THETA, 0, 0
     for i in range(max_rounds):
         if i >= MIN_ROUNDS and spent >= evaluations:
             break
         spent += _evaluate(sg, ag, dp, dep if i else None)
-        total, _, picks = split_total(sg, roots, rounds.reads.k, dp, rounds.tied, rounds.lam)
+        total, _, picks = split_total(sg, roots, rounds.reads.k, dp, rounds.tied, ag.lam)
         if total > best * (1 + 1e-12):
             best, stall = total, 0
         else:
             stall += 1
             if stall >= STALL:
                 theta, stall = theta / 2, 0
-        step = _subgradient(sg, roots, rounds.reads, ag, dp.trace, dp.value, picks)
+        sol = _solution(sg, roots, rounds.reads, ag, dp.trace, dp.value, picks)
+        step = {h: _projected(sg, h, ag.copies[h], sol.used[h]) for h in ag.copies}
+        ties = _tie_steps(ag, sol.weight, picks)
+        moves = _share_steps(sg, ag, sol.moved)
         norm2 = sum(ag.scale[h] * float((g * g).sum()) for h, d in step.items() for g in d.values())
+        norm2 += sum(ag.scale[h] * float((g * g).sum()) for h, g in ties.items())
+        norm2 += sum(float((g * g).sum()) / ag.scale[h] for h, g in moves.items() if ag.scale[h] > 0)
         if norm2 <= 0.0 or target <= total:
             break
-        _move(sg, ag, step, theta * (target - total) / norm2, target)
+        alpha = theta * (target - total) / norm2
+        _move(ag, step, ties, alpha, target)
+        _move_shares(ag, moves, alpha)
     return best
 
 
 def _priced_readers(sg: SearchGraph, ag: Agreement) -> set[int]:
-    """Groups whose values the prices change: the readers of a priced group, and theirs."""
-    dep: set[int] = set()
+    """Groups whose values the prices change: the tied inputs, the readers of a priced group or
+    a tied input, and theirs."""
+    dep: set[int] = set(ag.lam)
     for grp in sg.order:
         if any(h in ag.copies or h in dep for n in sg.prod_any[grp] for h, _ in sg.kid_gl[n]):
             dep.add(grp)
@@ -141,19 +194,34 @@ def _evaluate(sg: SearchGraph, ag: Agreement, dp: SplitDP, dep: set[int] | None)
     return done
 
 
-def _subgradient(sg: SearchGraph, roots: Roots, reads: Reads, ag: Agreement, trace: Trace,
-                 value: list[np.ndarray | None], picks: list[int | None]) -> dict[int, dict[int, np.ndarray]]:
-    """Per priced group and copy, the weight of the copy's reads from each source layout in the
-    dynamic program's solution (walked down from the roots), less its part of their mean."""
+@dataclass
+class Solution:
+    """The dynamic program's solution, walked down from the roots."""
+
+    weight: dict[int, Counter[int]]  # group -> source index -> weight of its production there
+    used: dict[int, dict[int, Counter[int]]]  # priced group -> copy -> source -> weight of its reads
+    moved: dict[int, dict[int, Counter[int]]]  # moving group -> copy -> source -> its resharding per share
+
+
+def _solution(sg: SearchGraph, roots: Roots, reads: Reads, ag: Agreement, trace: Trace,
+              value: list[np.ndarray | None], picks: list[int | None]) -> Solution:
+    """Per group the weight of its production in each source layout; per priced group and copy
+    the weight of the copy's reads from each source, and per moving group what the copy's
+    reads move from each source per unit of its resharding share."""
     k = reads.k
-    weight: dict[int, Counter[int]] = {}  # group -> source index -> weight of its production there
-    used: dict[int, dict[int, Counter[int]]] = {h: {c: Counter() for c, _ in cs} for h, cs in ag.copies.items()}
+    sol = Solution({}, {h: {c: Counter() for c, _ in cs} for h, cs in ag.copies.items()},
+                   {h: {c: Counter() for c, _ in ag.copies[h]} for h in ag.moving})
+    weight, used = sol.weight, sol.used
+    per_read = {h: dict(ag.copies[h]) for h in ag.moving}
 
     def read(h: int, copy: int, j: int, w: float) -> None:
         if h in ag.copies:
             pick = trace.picks.get(h, {}).get(copy)
             s = int(pick[j]) if pick is not None else int(trace.arg[h][j])
             used[h][copy][s] += w
+            if h in ag.moving:
+                d = sg.paths[sg.group_key[h]].dist[s, j]
+                sol.moved[h][copy][s] += w * sg.weight_l[h] * d / per_read[h][copy] if d > 0 else 0.0
         elif h in trace.arg:
             s = int(trace.arg[h][j])
         else:
@@ -169,7 +237,61 @@ def _subgradient(sg: SearchGraph, roots: Roots, reads: Reads, ag: Agreement, tra
             for h, lay in sg.kid_gl[n] if n is not None else ():
                 if value[h] is not None and k[h]:
                     read(h, grp, sg.paths[sg.group_key[h]].index[lay], w)
-    return {h: _projected(sg, h, ag.copies[h], used[h]) for h in ag.copies}
+    return sol
+
+
+def _share_steps(sg: SearchGraph, ag: Agreement, moved: dict[int, dict[int, Counter[int]]]) -> dict[int, np.ndarray]:
+    """Per moving group, the supergradient of the bound in its resharding shares beta[copy, s]:
+    what each copy's reads move from s. Groups whose copies move nothing are left out."""
+    out: dict[int, np.ndarray] = {}
+    for h, per in moved.items():
+        sh = ag.shares[h]
+        g = np.zeros_like(sh.beta)
+        for i, c in enumerate(sh.copies):
+            for s, v in per.get(c, {}).items():
+                g[i, s] = v
+        if g.any():
+            out[h] = g
+    return out
+
+
+def _move_shares(ag: Agreement, moves: dict[int, np.ndarray], alpha: float) -> None:
+    """beta += alpha x its step / the group's scale (the step is in seconds, a share is not),
+    then each source layout's shares projected back onto >= 0, summing to at most 1."""
+    for h, g in moves.items():
+        if ag.scale[h] > 0:
+            sh = ag.shares[h]
+            sh.beta = _capped(sh.beta + alpha * g / ag.scale[h])
+
+
+def _capped(b: np.ndarray) -> np.ndarray:
+    """Each column's Euclidean projection onto {x >= 0, sum x <= 1}."""
+    out = np.maximum(b, 0.0)
+    over = out.sum(axis=0) > 1.0
+    if over.any():
+        v = b[:, over]
+        u = -np.sort(-v, axis=0)
+        css = np.cumsum(u, axis=0) - 1.0
+        ind = np.arange(1, v.shape[0] + 1)[:, None]
+        rho = (u - css / ind > 0).sum(axis=0)
+        theta = css[rho - 1, np.arange(v.shape[1])] / rho
+        out[:, over] = np.maximum(v - theta, 0.0)
+    return out
+
+
+def _tie_steps(ag: Agreement, weight: dict[int, Counter[int]], picks: list[int | None]) -> dict[int, np.ndarray]:
+    """Per tied input, where the solution places it less where it returns it: lam rises where
+    the input is placed but not returned, and falls where it is returned but not placed."""
+    steps: dict[int, np.ndarray] = {}
+    for r, h in ag.tied.items():
+        g = steps.setdefault(h, np.zeros(len(ag.lam[h])))
+        for s, w in weight.get(h, {}).items():
+            g[s] += w
+        if picks[r] is not None:
+            g[picks[r]] -= 1.0
+    for g in steps.values():
+        g[np.abs(g) < NOISE] = 0.0
+    return steps
 
 
 def _projected(sg: SearchGraph, h: int, copies: list[tuple[int, int]], used: dict[int, Counter[int]]
@@ -188,12 +310,15 @@ def _projected(sg: SearchGraph, h: int, copies: list[tuple[int, int]], used: dic
     return {c: g[i] for i, (c, _) in enumerate(copies)}
 
 
-def _move(sg: SearchGraph, ag: Agreement, step: dict[int, dict[int, np.ndarray]], alpha: float,
+def _move(ag: Agreement, step: dict[int, dict[int, np.ndarray]], ties: dict[int, np.ndarray], alpha: float,
           target: float) -> None:
-    """Prices += alpha x each group's scale x its projected step (the sums stay 0), the step
-    shrunk so that no price moves by more than `target`: larger prices cannot raise a bound
-    below it, and only cost the sums' precision."""
-    largest = max((ag.scale[h] * float(np.abs(g).max()) for h, d in step.items() for g in d.values()), default=0.0)
+    """Prices += alpha x each group's scale x its projected step (the sums stay 0), the
+    multipliers likewise but kept >= 0 (a tied input read by less than its whole share would
+    count a negative one less than fully); the step shrunk so that nothing moves by more than
+    `target`: larger prices cannot raise a bound below it, and only cost the sums' precision."""
+    moves = [ag.scale[h] * float(np.abs(g).max()) for h, d in step.items() for g in d.values()]
+    moves += [ag.scale[h] * float(np.abs(g).max()) for h, g in ties.items()]
+    largest = max(moves, default=0.0)
     if largest * alpha > target:
         alpha = target / largest
     for h, d in step.items():
@@ -201,3 +326,5 @@ def _move(sg: SearchGraph, ag: Agreement, step: dict[int, dict[int, np.ndarray]]
         for c, g in d.items():
             g = alpha * ag.scale[h] * g
             prices[c] = prices[c] + g if c in prices else g
+    for h, g in ties.items():
+        ag.lam[h] = np.maximum(ag.lam[h] + alpha * ag.scale[h] * g, 0.0)

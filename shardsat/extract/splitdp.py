@@ -314,13 +314,15 @@ class SplitDP:
             per = {c: tot[i] / m for i, (c, m) in enumerate(zip(sh.copies, sh.reads, strict=True))}
         prices = self.nu.get(grp, {})
         picks = {}
+        traced = self.trace is not None and grp in self.trace.keep
         with np.errstate(invalid="ignore"):
             for c, at in slots.items():
                 m = prices.get(c)
-                if m is None:
+                if m is None and not traced:
                     self.flat[at:at + size] = per[c].min(axis=0) if sh is not None else self.value[grp] / k
                     continue
-                t = (per[c] if sh is not None else base / k) + m[src, None]
+                t = per[c] if sh is not None else base / k
+                t = t + m[src, None] if m is not None else t
                 arg = t.argmin(axis=0)
                 self.flat[at:at + size] = t[arg, np.arange(size)]
                 picks[c] = src[arg]
