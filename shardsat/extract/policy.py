@@ -46,8 +46,11 @@ SPLIT_BOUND_NODES = 2_000_000
 # time, counted in work (Extractor.work) so that a plan's bound is the same on any machine: one
 # group's evaluation by the dynamic program takes the time of AGREEMENT_GROUP_WORK units of the
 # search's work (2.3-4 on the experts' training steps: a round of the 2-layer GPT step's 806
-# priced groups takes 33 / 35 / 64 ms on 8 / 2x4 / 2x2x2, a unit of work 10 / 15 / 34 us)
-AGREEMENT_SHARE = 0.2
+# priced groups takes 33 / 35 / 64 ms on 8 / 2x4 / 2x2x2, a unit of work 10 / 15 / 34 us).
+# With the ties' multipliers and the resharding shares moving too, more rounds pay: the issue 17
+# sweep's GPT steps on 2x4 read gaps of 4.8-28.5% at 0.2, 3.0-22.0% at 0.5 and 2.1-21.5% at 1.0,
+# planning 47.6 / 52.6 / 57.9 s in all
+AGREEMENT_SHARE = 0.5
 AGREEMENT_GROUP_WORK = 3.0
 # priors="auto" narrows each value's layouts (egraph/narrow.py) when the program (folded) has
 # more (value, layout) pairs than this: 4-layer GPT / llama steps have 83k / 118k on 2x2x2 (1.3 M
