@@ -88,6 +88,23 @@ class Agreement:
     shares: dict[int, Shares]  # every group's shares the dynamic program reads
     moving: set[int]  # priced groups whose resharding shares (beta) move
     nu: Prices = field(default_factory=dict)
+    _operands: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    _per_read: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+
+    def operands(self, sg: SearchGraph, n: int) -> tuple[tuple[int, int], ...]:
+        """A production's operands as (group, layout index in the group's space)."""
+        out = self._operands.get(n)
+        if out is None:
+            out = self._operands[n] = tuple((h, sg.paths[sg.group_key[h]].index[lay]) for h, lay in sg.kid_gl[n])
+        return out
+
+    def move_per_read(self, sg: SearchGraph, h: int, copy: int) -> np.ndarray:
+        """What one read by `copy` moves from each source to each layout, per unit of its share."""
+        out = self._per_read.get((h, copy))
+        if out is None:
+            m = dict(self.copies[h])[copy]
+            out = self._per_read[(h, copy)] = sg.weight_l[h] * sg.paths[sg.group_key[h]].dist / m
+        return out
 
     @classmethod
     def of(cls, sg: SearchGraph, roots: Roots, rounds: SplitRounds) -> Agreement:
@@ -198,49 +215,55 @@ def _evaluate(sg: SearchGraph, ag: Agreement, dp: SplitDP, dep: set[int] | None)
 class Solution:
     """The dynamic program's solution, walked down from the roots."""
 
-    weight: dict[int, Counter[int]]  # group -> source index -> weight of its production there
-    used: dict[int, dict[int, Counter[int]]]  # priced group -> copy -> source -> weight of its reads
-    moved: dict[int, dict[int, Counter[int]]]  # moving group -> copy -> source -> its resharding per share
+    weight: dict[int, dict[int, float]]  # group -> source index -> weight of its production there
+    used: dict[int, dict[int, dict[int, float]]]  # priced group -> copy -> source -> weight of its reads
+    moved: dict[int, dict[int, dict[int, float]]]  # moving group -> copy -> source -> its resharding per share
 
 
 def _solution(sg: SearchGraph, roots: Roots, reads: Reads, ag: Agreement, trace: Trace,
               value: list[np.ndarray | None], picks: list[int | None]) -> Solution:
     """Per group the weight of its production in each source layout; per priced group and copy
     the weight of the copy's reads from each source, and per moving group what the copy's
-    reads move from each source per unit of its resharding share."""
+    reads move from each source per unit of its resharding share. (Once a round, over every
+    read of the solution: plain dicts and cached lookups, as it was 40% of a round.)"""
     k = reads.k
-    sol = Solution({}, {h: {c: Counter() for c, _ in cs} for h, cs in ag.copies.items()},
-                   {h: {c: Counter() for c, _ in ag.copies[h]} for h in ag.moving})
-    weight, used = sol.weight, sol.used
-    per_read = {h: dict(ag.copies[h]) for h in ag.moving}
+    sol = Solution({}, {h: {} for h in ag.copies}, {h: {} for h in ag.moving})
+    weight, used, moved = sol.weight, sol.used, sol.moved
+    tpicks, targ = trace.picks, trace.arg
 
     def read(h: int, copy: int, j: int, w: float) -> None:
-        if h in ag.copies:
-            pick = trace.picks.get(h, {}).get(copy)
-            s = int(pick[j]) if pick is not None else int(trace.arg[h][j])
-            used[h][copy][s] += w
-            if h in ag.moving:
-                d = sg.paths[sg.group_key[h]].dist[s, j]
-                sol.moved[h][copy][s] += w * sg.weight_l[h] * d / per_read[h][copy] if d > 0 else 0.0
-        elif h in trace.arg:
-            s = int(trace.arg[h][j])
+        if h in used:
+            pick = tpicks.get(h, {}).get(copy)
+            s = pick.item(j) if pick is not None else targ[h].item(j)
+            at = used[h].setdefault(copy, {})
+            at[s] = at.get(s, 0.0) + w
+            if h in moved:
+                d = ag.move_per_read(sg, h, copy)
+                if (m := d.item(s, j)) > 0:
+                    mv = moved[h].setdefault(copy, {})
+                    mv[s] = mv.get(s, 0.0) + w * m
+        elif h in targ:
+            s = targ[h].item(j)
         else:
             return
-        weight.setdefault(h, Counter())[s] += w / k[h]
+        at = weight.setdefault(h, {})
+        at[s] = at.get(s, 0.0) + w / k[h]
 
     for r, (grp, _) in enumerate(roots):
         if picks[r] is not None:
             read(grp, -1 - r, picks[r], 1.0)
     for grp in reversed(sg.order):
-        for s, w in weight.get(grp, {}).items():
-            n = trace.node(grp, s) if grp in trace.totals else None
-            for h, lay in sg.kid_gl[n] if n is not None else ():
+        if grp not in weight or grp not in trace.totals:
+            continue
+        for s, w in weight[grp].items():
+            n = trace.node(grp, s)
+            for h, j in ag.operands(sg, n) if n is not None else ():
                 if value[h] is not None and k[h]:
-                    read(h, grp, sg.paths[sg.group_key[h]].index[lay], w)
+                    read(h, grp, j, w)
     return sol
 
 
-def _share_steps(sg: SearchGraph, ag: Agreement, moved: dict[int, dict[int, Counter[int]]]) -> dict[int, np.ndarray]:
+def _share_steps(sg: SearchGraph, ag: Agreement, moved: dict[int, dict[int, dict[int, float]]]) -> dict[int, np.ndarray]:
     """Per moving group, the supergradient of the bound in its resharding shares beta[copy, s]:
     what each copy's reads move from s. Groups whose copies move nothing are left out."""
     out: dict[int, np.ndarray] = {}
@@ -279,7 +302,7 @@ def _capped(b: np.ndarray) -> np.ndarray:
     return out
 
 
-def _tie_steps(ag: Agreement, weight: dict[int, Counter[int]], picks: list[int | None]) -> dict[int, np.ndarray]:
+def _tie_steps(ag: Agreement, weight: dict[int, dict[int, float]], picks: list[int | None]) -> dict[int, np.ndarray]:
     """Per tied input, where the solution places it less where it returns it: lam rises where
     the input is placed but not returned, and falls where it is returned but not placed."""
     steps: dict[int, np.ndarray] = {}
@@ -294,14 +317,14 @@ def _tie_steps(ag: Agreement, weight: dict[int, Counter[int]], picks: list[int |
     return steps
 
 
-def _projected(sg: SearchGraph, h: int, copies: list[tuple[int, int]], used: dict[int, Counter[int]]
+def _projected(sg: SearchGraph, h: int, copies: list[tuple[int, int]], used: dict[int, dict[int, float]]
                ) -> dict[int, np.ndarray]:
     """The copies' use of each source, projected onto sum_c reads_c nu_c(s) = 0; rounding
     noise (|g| < NOISE: the uses are weights of order 1) set to 0, so agreement reads as 0."""
     size = len(sg.paths[sg.group_key[h]].layouts)
     g = np.zeros((len(copies), size))
     for i, (c, _) in enumerate(copies):
-        for s, w in used[c].items():
+        for s, w in used.get(c, {}).items():
             g[i, s] = w
     a = np.asarray([m for _, m in copies], dtype=float)
     g -= np.outer(a, a @ g) / float(a @ a)

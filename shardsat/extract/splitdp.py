@@ -209,7 +209,9 @@ class Trace:
     def node(self, grp: int, src: int) -> int | None:
         """The first production of `grp` at its minimum in source layout `src`, as a scan in
         production order keeps it (None where no production there is finite)."""
-        known = self._nodes.setdefault(grp, {})
+        known = self._nodes.get(grp)
+        if known is None:
+            known = self._nodes[grp] = {}
         if src not in known:
             rows, s, raw = self.totals[grp]
             part = rows.by_layout.get(src)
