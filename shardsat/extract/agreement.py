@@ -99,11 +99,17 @@ class Agreement:
         return out
 
     def move_per_read(self, sg: SearchGraph, h: int, copy: int) -> np.ndarray:
-        """What one read by `copy` moves from each source to each layout, per unit of its share."""
+        """What one read by `copy` moves from each source to each layout, per unit of its share;
+        where no resharding leads there, twice the farthest that one does. A copy with no share
+        of s reads an unreachable layout from it for free (0 x inf is 0 in Shares.totals): the
+        step must push its share up, but by a finite amount (inf x 0 would make it nan)."""
         out = self._per_read.get((h, copy))
         if out is None:
+            d = sg.paths[sg.group_key[h]].dist
+            fin = np.isfinite(d)
+            far = 2.0 * float(d[fin].max()) if fin.any() else 0.0
             m = dict(self.copies[h])[copy]
-            out = self._per_read[(h, copy)] = sg.weight_l[h] * sg.paths[sg.group_key[h]].dist / m
+            out = self._per_read[(h, copy)] = sg.weight_l[h] * np.where(fin, d, far) / m
         return out
 
     @classmethod
