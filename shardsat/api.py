@@ -34,7 +34,7 @@ from .errors import (
     StoppedEarlyError,
 )
 from .extract.cost import CostModel
-from .extract.families import data_parallel_fills, families, family_layouts, tensor_axis
+from .extract.families import data_parallel_fills, families, family_layouts, tensor_axis, widest_data_parallel
 from .extract.memory import MemoryEstimate, MemoryModel
 from .extract.plancost import cost_plan
 from .extract.policy import (
@@ -496,6 +496,7 @@ def _problem(program: Program, graph: ExportedGraph, spaces: SpaceTable, tables:
     weight = _weights(program, graph)
     node_cost = model.node_costs(graph, value_space, combinable) * weight[graph.class_group[graph.node_class]]
     roots, n_out_roots, tie_list, carry_root = _roots(program, graph, spaces, out_pins, tie_pairs)
+    fills = data_parallel_fills(program, spaces, tie_pairs)
     problem = Problem(
         graph=graph, node_cost=node_cost, value_space=value_space, spaces=spaces, edges=tables.edges,
         model=model, combinable=combinable, describe=lambda grp: describe_group(program, graph, grp),
@@ -506,7 +507,8 @@ def _problem(program: Program, graph: ExportedGraph, spaces: SpaceTable, tables:
         # and where it pays from FSDP + TP (see extract/seeds.py)
         seeds=seeds(program, graph, spaces, tie_pairs, arg_pins, hybrids=policy.seed_hybrids),
         families=families(program, graph, spaces, tie_pairs, arg_pins, tables),
-        tensor_axis=None if data_parallel_fills(program, spaces, tie_pairs) else tensor_axis(spaces, model.profile.link),
+        tensor_axis=None if fills else tensor_axis(spaces, model.profile.link),
+        data_parallel=widest_data_parallel(spaces) if fills else None,
     )
 
     def full_roots(ex: Extraction) -> Extraction:

@@ -235,7 +235,7 @@ def test_a_tensor_parallel_family_is_completed_in_full_where_the_batch_cannot_fi
     721-749 pressed, 774-878 in full), so the free plan never started from one (686 us; FSDP +
     TP pinned 558). Where data parallelism cannot use every device (batch 2 on 2x4), the
     cheapest tensor-parallel one over the axis TP belongs on is completed in full too; where it
-    can (batch 8), not."""
+    can (batch 8), data parallelism over every axis is instead (the next test)."""
     pressed, full = [], []
     real_pressed, real_pinned = search._pressed_families, search._pinned
 
@@ -259,13 +259,32 @@ def test_a_tensor_parallel_family_is_completed_in_full_where_the_batch_cannot_fi
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     plan = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, state_argnums=(0,))
     assert plan.report.e_nodes > policy.FAMILY_ALL_NODES
-    if batch == 8:
-        assert [name for name, _ in full] == ["replicated"]
+    if batch == 8:  # data parallelism over every axis instead
+        assert [name for name, _ in full] == ["replicated", "dp(data,model)"]
+        assert plan.cost.total_s <= full[1][1] * (1 + 1e-9)
         return
     over_model = min((cost, name) for cost, name in pressed if name.endswith("tp(model)") or
                      name.startswith("tp(model)"))  # one link speed: the minor axis (families.tensor_axis)
     assert [name for name, _ in full] == ["replicated", over_model[1]]
     assert plan.cost.total_s <= full[1][1] * (1 + 1e-9)
+
+
+def test_data_parallelism_over_every_axis_is_completed_in_full_where_it_fills_the_mesh():
+    """Regression (benchmarks/invariant.py on 8 devices): beyond FAMILY_ALL_NODES the pressure
+    completions ranked dp(data) third (2,590 us released; zero1(data) 2,493, polished to the free
+    plan's 2,483), and its full completion, 2,475 pinned, was never run. Where data parallelism
+    fills the mesh it is now completed in full, as the tensor-parallel family is where it does
+    not (2,461 us released). The step's shapes only price it: the e-graph is that of 3 layers."""
+    cfg = GPTConfig(layers=3, d_model=512, heads=8, mlp=1024, vocab=12288, seq=256, batch=32)
+    _, step = make_gpt_step(cfg)
+    params = gpt_params(cfg, abstract=True)
+    args = ((params, jax.eval_shape(optax.adamw(1e-3, weight_decay=0.01).init, params)), gpt_batch(cfg, abstract=True))
+    mesh = jax.make_mesh((8,), ("data",))
+    free = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE)
+    assert free.report.e_nodes > policy.FAMILY_ALL_NODES
+    pins = standard_layouts(step, mesh, *args)["dp(data)"]
+    pinned = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, in_shardings=pins)
+    assert free.cost.total_s <= pinned.cost.total_s * (1 + 1e-6), (free.cost.total_s, pinned.cost.total_s)
 
 
 def test_tensor_parallelism_goes_on_the_fastest_axis_ties_to_the_minor_one():

@@ -221,6 +221,12 @@ def data_parallel_fills(program: Program, spaces: SpaceTable, ties: list[tuple[i
     return bool(arrays) and all(sum(len(axes) for axes in b.batch(a, every).dims) == len(every) for a in arrays)
 
 
+def widest_data_parallel(spaces: SpaceTable) -> str:
+    """The name of data parallelism over every axis (family_layouts names it): where it fills the
+    mesh, the search completes it in full (extract/search.py)."""
+    return f"dp({spaces.mesh.label(spaces.mesh.active)})"
+
+
 def tensor_axis(spaces: SpaceTable, link: Callable[[str], float]) -> str | None:
     """The axis tensor parallelism belongs on: the fastest link (it moves activations every
     layer), ties to the minor axis. The layout space orders each dimension's axes major first
