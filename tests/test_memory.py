@@ -98,6 +98,8 @@ def test_memory_limit_holds_for_the_compiled_step(data8):
     plan = shardsat.saturate_and_extract(step, data8, state, batch, **kw)
     assert plan.compiled_memory(state, batch) <= limit
     assert plan.cost.memory.total <= limit
+    # the bound of the search without the limit bounds the plan within it (read when shown)
+    assert plan.report.gap is not None and 0.0 < plan.report.lower_bound_s <= plan.extraction.total_s * (1 + 1e-9)
     assert_equivalent(plan, step, state, batch, rtol=1e-4)
 
 

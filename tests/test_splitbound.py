@@ -123,3 +123,34 @@ def test_bound_is_the_same_on_a_loaded_machine(monkeypatch):
     assert loaded.extraction.total_s == plan.extraction.total_s
     assert loaded.report.lower_bound_s == plan.report.lower_bound_s
     assert loaded.report.gap == plan.report.gap
+
+
+def test_the_bound_is_computed_when_first_read_and_is_the_same_then(monkeypatch, tmp_path):
+    """The bound only reports, and its agreement rounds were a quarter of a training step's
+    planning: it is computed when the gap is first read (once, for the plan and its report),
+    and it is the same bound however late that is: after explain(), when the plan is saved,
+    and against a plan whose gap was read at once."""
+    from shardsat.extract import search
+
+    calls = []
+    real = search._lower_bound
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(search, "_lower_bound", counted)
+    step, args = mlp_step(2, 64, 256, 64, "adam")
+    mesh = jax.make_mesh(*MESHES["2x4"])
+    kw = dict(profile=PROFILE, state_argnums=(0, 1))
+    now = shardsat.saturate_and_extract(step, mesh, *args, **kw)
+    gap, bound = now.report.gap, now.report.lower_bound_s
+    assert len(calls) == 1 and gap is not None and 0.0 < bound <= now.extraction.total_s * (1 + 1e-9)
+    later = shardsat.saturate_and_extract(step, mesh, *args, **kw)
+    assert len(calls) == 1 and later.report.bound.pending is not None  # planned, not yet bounded
+    later.explain()
+    loaded = shardsat.load_plan(later.save(tmp_path / "plan.json"), step, mesh, *args)
+    assert len(calls) == 2  # saving read it
+    assert later.report.gap == later.extraction.gap == loaded.report.gap == gap
+    assert later.report.lower_bound_s == later.extraction.lower_bound_s == loaded.report.lower_bound_s == bound
+    assert len(calls) == 2 and later.report.bound.seconds > 0.0

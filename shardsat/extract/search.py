@@ -7,6 +7,7 @@ plan's memory estimate fits; a few bisection steps then take the cheapest plan t
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -79,7 +80,9 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, policy: Search
     within the policy's budget (see _family_starts). `extractor`: reuse one built for the same
     graph and costs."""
     if not p.roots:  # nothing to compute: no array results, no effects
-        return Extraction(choices={}, root_layouts=[], total_s=0.0, method=policy.method, seconds=0.0, gap=0.0)
+        empty = Extraction(choices={}, root_layouts=[], total_s=0.0, method=policy.method, seconds=0.0)
+        empty.gap = 0.0
+        return empty
     t0 = time.perf_counter()
     ex = extractor or Extractor(p.graph, node_cost, p.value_space, p.spaces, p.edges, p.model,
                                 describe=p.describe, combinable=p.combinable, weight=p.weight)
@@ -93,9 +96,23 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, policy: Search
     best.explainer = ex.explain
     ex.forget_search()
     if best.gap is None and policy.bound:
-        bound_gap(best, max(ex.lower_bound(p.roots), _split(p, ex, best, policy, ex.work[0] - work)))
+        best.bound.defer(functools.partial(_lower_bound, p, ex, _frozen(best), policy, ex.work[0] - work), best.total_s)
     best.seconds = time.perf_counter() - t0
     return best
+
+
+def _lower_bound(p: Problem, ex: Extractor, best: Extraction, policy: SearchPolicy, worked: int) -> float:
+    """The better of the per-value and the split bound: computed when the plan's gap is first
+    read (extract/result.py's Bound), from what the search left (`worked` fixes the agreement
+    rounds' budget, so the bound is the same whenever it is read)."""
+    return max(ex.lower_bound(p.roots), _split(p, ex, best, policy, worked))
+
+
+def _frozen(ex: Extraction) -> Extraction:
+    """The plan as the search returned it, for a bound computed later: the caller may give it
+    more roots (api.py) or reprice its choices."""
+    choices = {g: replace(ch, steps=list(ch.steps)) for g, ch in ex.choices.items()}
+    return Extraction(choices, list(ex.root_layouts), ex.total_s, ex.method, ex.seconds)
 
 
 def _local_search(p: Problem, ex: Extractor, node_cost: np.ndarray, deadline: float,
@@ -403,13 +420,6 @@ def _split(p: Problem, ex: Extractor, best: Extraction, policy: SearchPolicy, wo
     return agreed_bound(ex.graph, p.roots, rounds, best.total_s, evaluations)
 
 
-def bound_gap(ex: Extraction, lower_bound: float) -> None:
-    """The plan's optimality gap against a lower bound of every plan's cost (the integer program
-    gives a tighter one where it runs)."""
-    ex.lower_bound_s = lower_bound
-    ex.gap = max(0.0, (ex.total_s - lower_bound) / ex.total_s) if ex.total_s > 0 else 0.0
-
-
 def node_bytes(p: Problem, per_run: bool = False) -> np.ndarray:
     """Bytes per device each e-node holds: a placed argument its shard, a local op's result a
     quarter of its shard (ACTIVATION_WEIGHT), once however often a scan body runs it, or with
@@ -502,8 +512,8 @@ def fit_memory(
                 ex, m = cand, cm
         else:
             low = mid
-    if first.lower_bound_s is not None:  # a bound without the memory limit bounds plans within it
-        bound_gap(ex, first.lower_bound_s)
+    # a bound without the memory limit bounds plans within it (computed when either gap is read)
+    ex.bound.defer(lambda: first.lower_bound_s, ex.total_s)
     return ex, m
 
 

@@ -20,6 +20,7 @@ from ..extract.plancost import Collective as Collective  # re-exported: shardsat
 from ..extract.plancost import CostedPlan
 from ..extract.plancost import PlanCost as PlanCost
 from ..extract.profile import DeviceProfile
+from ..extract.result import Bound, HasBound
 from ..limits import StopReason
 from ..rules.apply import RuleTables
 from .argcheck import PlannedArgs, planned_args
@@ -29,7 +30,7 @@ from .record import Origin
 
 
 @dataclass
-class Report:
+class Report(HasBound):
     e_classes: int
     e_nodes: int
     iterations: int
@@ -43,10 +44,10 @@ class Report:
     equations: int = 0
     fallbacks: list[str] = field(default_factory=list)
     unkept: list[str] = field(default_factory=list)  # the user's sharding constraints no plan can keep
-    # relative optimality gap (0.0: proven optimal): the exact solver's where it ran, else the
-    # plan's distance from lower_bound_s, a cost no plan of the e-graph can beat
-    gap: float | None = None
-    lower_bound_s: float | None = None
+    # gap and lower_bound_s (HasBound): the relative optimality gap (0.0: proven optimal), the
+    # exact solver's where it ran, else the plan's distance from lower_bound_s, a cost no plan
+    # of the e-graph can beat; computed on first read, and shared with the plan's extraction
+    bound: Bound = field(default_factory=Bound, repr=False, compare=False)
     exact_status: str | None = None  # the exact integer program's outcome, where it ran
     memory_limit: int | None = None  # bytes per device, when planned under a limit
     memory_headroom: int | None = None  # limit minus the plan's estimate

@@ -26,7 +26,7 @@ from ..egraph.fingerprint import Fingerprint
 from ..egraph.layout import Layout, MeshAxes, SpaceTable
 from ..egraph.program import Program
 from ..errors import ShardsatError
-from ..extract.result import Extraction, GroupChoice, ReshardStep
+from ..extract.result import Bound, Extraction, GroupChoice, ReshardStep
 from ..limits import StopReason
 from ..rules.apply import RuleTables
 
@@ -118,8 +118,9 @@ def record(plan: Plan) -> tuple[dict[str, Any], str]:
     rec["alternatives"] = [[grp, lay(lid), extra] for grp, (lid, extra) in sorted(ex.why_not().items())]
     rec["layouts"] = lay.table()
     rec["extraction"] = {k: getattr(ex, k) for k in _EXTRACTION_META}
-    rep = asdict(plan.report)
-    rep["stop_reason"] = plan.report.stop_reason.value
+    bound = plan.report.bound.settle()  # before asdict, which would copy what computes it
+    rep = {k: v for k, v in asdict(plan.report).items() if k != "bound"}
+    rep.update(stop_reason=plan.report.stop_reason.value, gap=bound.gap, lower_bound_s=bound.lower_bound_s)
     rec["report"] = rep
     return rec, plan_digest
 
@@ -177,7 +178,8 @@ def restore(rec: dict[str, Any], program: Program, spaces: SpaceTable, tables: R
             graph.value_group[a] = graph.value_group[rep]
     meta = dict(rec["extraction"])
     meta["total_s"] = _num(meta["total_s"])
-    ex = Extraction(choices=choices, root_layouts=[lid(r) for r in rec["roots"]], **meta)
+    bound = Bound(meta.pop("gap", None), meta.pop("lower_bound_s", None))
+    ex = Extraction(choices=choices, root_layouts=[lid(r) for r in rec["roots"]], bound=bound, **meta)
     ex.alternatives = {grp: (lid(layout), _num(extra)) for grp, layout, extra in rec["alternatives"]}
     ex.carry_layouts = {v: lid(layout) for v, layout in rec["carry"]}
     return Restored(graph, ex, {pos: frozenset(lid(x) for x in xs) for pos, xs in rec["arg_pins"]},
@@ -227,4 +229,4 @@ def report_from(rep: dict[str, Any], report_cls: type[Report]) -> Report:
     known = {f.name for f in fields(report_cls)}
     kw = {k: v for k, v in rep.items() if k in known}
     kw["stop_reason"] = StopReason(kw["stop_reason"])
-    return report_cls(**kw)
+    return report_cls(**kw, bound=Bound(rep.get("gap"), rep.get("lower_bound_s")))
