@@ -22,6 +22,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# reuse_fixed: the busy spans per allocation its numpy test reads, and the number of candidate
+# allocations below which it checks each in full without that test
+LONG_SPANS = 4
+SCAN_ALLOCATIONS = 16
+
 
 @dataclass
 class Temp:
@@ -72,16 +77,47 @@ def reuse_fixed(temps: list[Temp], fixed: list[Allocation]) -> list[Temp]:
     they fit (size and time); returns the ones left for the heap."""
     allocs = sorted((a for a in fixed if a.size > 0), key=lambda a: a.size)
     sizes = [a.size for a in allocs]
+    spans = _LongSpans(allocs)
     left: list[Temp] = []
     for t in sorted(temps, key=lambda t: (-t.size, t.start)):
         i = bisect.bisect_left(sizes, t.size)
-        for a in allocs[i:]:
+        for k in spans.unblocked(i, t):
+            a = allocs[k]
             if a.fits(t):
                 a.busy.append((t.start, t.end, t.inplace))
+                spans.update(k)
                 break
         else:
             left.append(t)
     return left
+
+
+class _LongSpans:
+    """Each allocation's LONG_SPANS longest busy spans as arrays, so that one numpy test rules
+    out, for a temporary, every allocation one of them certainly overlaps (starting before the
+    temporary ends, ending at or after it starts: no in-place exception applies) and only the
+    rest are checked in full, in the same order. A 96-layer GPT step has 11.8k temporaries and
+    3.5k allocations: the plain scan took 12 M `fits` calls, 8 s."""
+
+    def __init__(self, allocs: list[Allocation]) -> None:
+        self.allocs = allocs
+        self.start = np.full((len(allocs), LONG_SPANS), np.iinfo(np.int64).max, dtype=np.int64)
+        self.end = np.full((len(allocs), LONG_SPANS), -1, dtype=np.int64)
+        for k in range(len(allocs)):
+            self.update(k)
+
+    def update(self, k: int) -> None:
+        longest = sorted(self.allocs[k].busy, key=lambda b: b[0] - b[1])[:LONG_SPANS]
+        for j, (s, e, _) in enumerate(longest):
+            self.start[k, j], self.end[k, j] = s, e
+
+    def unblocked(self, i: int, t: Temp) -> list[int]:
+        """Indices from i on of the allocations none of whose long spans rules `t` out."""
+        if len(self.allocs) - i <= SCAN_ALLOCATIONS:
+            return list(range(i, len(self.allocs)))
+        lo = t.start + 1 if t.inplace else t.start
+        blocked = ((self.start[i:] < t.end) & (self.end[i:] >= lo)).any(axis=1)
+        return (np.flatnonzero(~blocked) + i).tolist()
 
 
 def chain_copies(copies: list[tuple[Temp, Allocation]]) -> list[Temp]:
