@@ -30,7 +30,7 @@ from shardsat.extract.buffers import (
     reuse_fixed,
     share_inplace,
 )
-from shardsat.extract.liveness import bfs_order
+from shardsat.extract.liveness import _others, bfs_order
 from shardsat.testing import check_plan
 
 
@@ -476,6 +476,19 @@ def test_reuse_fixed_places_each_temporary_where_a_full_scan_does(temps, allocs)
     (t1, a1), (t2, a2) = made(), made()
     assert [t.tag for t in reuse_fixed(t1, a1)] == [t.tag for t in _reuse_fixed_by_scan(t2, a2)]
     assert [a.busy for a in a1] == [a.busy for a in a2]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 2**70), max_size=12))
+def test_each_masks_union_of_the_others_is_the_pairwise_one(masks):
+    """The combined all-reduce's sinks read each source's union of the others' ancestors, made
+    linear (prefix and suffix unions) where it was a pairwise test."""
+    expect = [0] * len(masks)
+    for i in range(len(masks)):
+        for j, m in enumerate(masks):
+            if j != i:
+                expect[i] |= m
+    assert _others(masks) == expect
 
 
 def test_argument_copies_take_the_buffers_earlier_copies_freed():

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -743,7 +743,8 @@ class PlanLiveness:
         all wait for (XLA's copy insertion orders a weight's late read before every update
         once the combined gradients' reduction waits for it)."""
         tl = self.tl
-        sinks = [r for r in reds if not any(r2 is not r and (tl.anc[r2[2]] | (1 << r2[2])) & r[3] for r2 in reds)]
+        sinks = [r for r, others in zip(reds, _others(tl.anc[r[2]] | (1 << r[2]) for r in reds), strict=True)
+                 if not others & r[3]]
         if len(sinks) > 1:
             # a source that is not a stored buffer (fused into its producer) exists once
             # that producer has run, not from the program's start; the all-reduce runs a step
@@ -978,6 +979,18 @@ class PlanLiveness:
         best = max(best, packed_heap(left))
         at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
         return Peak(best, (best_t + 1) // 2, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
+
+
+def _others(masks: Iterable[int]) -> list[int]:
+    """Per mask, the union of all the others (prefix and suffix unions: linear, where testing
+    each pair was quadratic, 1.3 M tests on a 96-layer step's combined gradients)."""
+    ms = list(masks)
+    before, after = [0] * len(ms), [0] * len(ms)
+    for i in range(1, len(ms)):
+        before[i] = before[i - 1] | ms[i - 1]
+    for i in range(len(ms) - 2, -1, -1):
+        after[i] = after[i + 1] | ms[i + 1]
+    return [b | a for b, a in zip(before, after, strict=True)]
 
 
 def minor(tl: Timeline, k: Key, lid: int, dim: int) -> bool:
