@@ -743,8 +743,7 @@ class PlanLiveness:
         all wait for (XLA's copy insertion orders a weight's late read before every update
         once the combined gradients' reduction waits for it)."""
         tl = self.tl
-        sinks = [r for r, others in zip(reds, _others(tl.anc[r[2]] | (1 << r[2]) for r in reds), strict=True)
-                 if not others & r[3]]
+        sinks = _sinks(tl, reds)
         if len(sinks) > 1:
             # a source that is not a stored buffer (fused into its producer) exists once
             # that producer has run, not from the program's start; the all-reduce runs a step
@@ -979,6 +978,13 @@ class PlanLiveness:
         best = max(best, packed_heap(left))
         at = [(t.tag, t.size) for t in left if t.tag is not None and t.start <= best_t <= t.end]
         return Peak(best, (best_t + 1) // 2, sorted(at, key=lambda x: -x[1]))  # type: ignore[misc]
+
+
+def _sinks(tl: Timeline, reds: list[tuple[Buf, object, int, int]]) -> list[tuple[Buf, object, int, int]]:
+    """The reductions (buffer, step, source, readers' bits) none of whose readers is another
+    one's source or an ancestor of it."""
+    return [r for r, others in zip(reds, _others(tl.anc[r[2]] | (1 << r[2]) for r in reds), strict=True)
+            if not others & r[3]]
 
 
 def _others(masks: Iterable[int]) -> list[int]:
