@@ -31,7 +31,7 @@ from ..egraph.layout import SpaceTable
 from ..rules.reshard import ReshardEdge
 from .bound import value_bound
 from .cost import CostModel
-from .moves_chain import chains, relabel_chain
+from .moves_chain import ChainSeen, chains, relabel_chain
 from .moves_space import MAX_SPACE_ROUNDS, SpaceSeen, space_moves
 from .moves_tie import move_tie
 from .moves_value import alternatives, improve
@@ -47,7 +47,8 @@ Roots = Sequence[tuple[int, frozenset[int] | None]]
 class Extractor:
     """The local search over one graph and one costing of it. Copies made by `with_costs` share
     the graph's structure and cache and the `work` count; each has its own costs and its own
-    memory of tensor-space moves that found nothing (their outcome depends on the costs)."""
+    memory of tensor-space moves that found nothing and of chain moves' proposals (their outcome
+    depends on the costs)."""
 
     def __init__(
         self,
@@ -75,6 +76,7 @@ class Extractor:
         self.graph = graph
         self.work = work
         self._space_seen: SpaceSeen = {}
+        self._chain_seen: ChainSeen = {}
 
     def with_costs(self, node_cost: np.ndarray, weight: np.ndarray) -> Extractor:
         """This extractor over the same graph with other node costs and value weights (both
@@ -191,7 +193,8 @@ class Extractor:
                 t0: float) -> Extraction:
         """3. improvement, 4. the result; with `explain`, for each value the cheapest plan that
         differs in its layout ("why this")."""
-        sweeps = _sweep(self.graph, st, self.work, self._space_seen, deadline, max_sweeps, chains)
+        sweeps = _sweep(self.graph, st, self.work, (self._space_seen, self._chain_seen), deadline, max_sweeps,
+                        chains)
         # the next run rebinds (never mutates) the state's lists: the result needs no copy
         alts = self._alternatives(st) if explain else {}
         return _extraction(self.graph, st, alts, sweeps, t0)
@@ -200,9 +203,14 @@ class Extractor:
         work = state.copy()
         return alternatives(self.graph, work)
 
-    def forget_search(self) -> None:
-        """Drop what only the search reads (a plan keeps its extractor for explain())."""
+    def forget_search(self, everything: bool = True) -> None:
+        """Drop what only the search reads (a plan keeps its extractor for explain()): the space
+        moves' memory, and with `everything` the chain moves' proposals too (a nested search,
+        a family's pinned completion, leaves them to the search it is part of: they hold for
+        any plan on these costs)."""
         self._space_seen.clear()
+        if everything:
+            self._chain_seen.clear()
 
     def explain(self, ex: Extraction) -> None:
         """Fill in the "why this" alternatives of a plan this extractor found."""
@@ -210,12 +218,13 @@ class Extractor:
             ex.alternatives = self._alternatives(ex.state)
 
 
-def _sweep(sg: SearchGraph, st: PlanState, work: list[int], space_seen: SpaceSeen, deadline: float,
+def _sweep(sg: SearchGraph, st: PlanState, work: list[int], seen: tuple[SpaceSeen, ChainSeen], deadline: float,
            max_sweeps: int, with_chains: bool) -> int:
     """Exact single-value moves, then exact chain re-labelling (Viterbi) and tie moves, on the
     values near the last sweep's changes; tensor-space moves at a local optimum. Returns the
-    number of sweeps."""
+    number of sweeps. `seen`: the extractor's memories of space and chain moves."""
     choice, roots = st.choice, st.roots
+    space_seen, chain_seen = seen
     sweeps = 0
     space_rounds = 0
     chain_list = chains(sg, st) if with_chains else []
@@ -235,7 +244,7 @@ def _sweep(sg: SearchGraph, st: PlanState, work: list[int], space_seen: SpaceSee
             if dirty.isdisjoint(chain):
                 continue
             work[0] += len(chain)
-            if relabel_chain(sg, st, chain):
+            if relabel_chain(sg, st, chain, chain_seen):
                 changed.update(chain)
         for h, rs in st.roots_of.items():
             outs = {roots[r][0] for r in rs}

@@ -46,24 +46,62 @@ def chains(sg: SearchGraph, st: PlanState) -> list[list[int]]:
     return out
 
 
-def relabel_chain(sg: SearchGraph, st: PlanState, chain: list[int]) -> bool:
+# per chain neighbourhood (_neighbourhood): the productions its dynamic program proposed, None
+# where a position had none. An extractor's runs revisit the same neighbourhoods (two thirds of
+# a GPT step's chain moves on 2x4), and the program's outcome depends on nothing else
+ChainSeen = dict[tuple, "list[int] | None"]
+
+
+def relabel_chain(sg: SearchGraph, st: PlanState, chain: list[int], seen: ChainSeen | None = None) -> bool:
     """Re-choose the productions of a chain jointly (exact dynamic programming along the
-    chain, the rest of the plan fixed); keep the result if the true DAG cost drops."""
+    chain, the rest of the plan fixed); keep the result if the true DAG cost drops. `seen`:
+    proposals by neighbourhood, read and filled (the same costs only: one per extractor)."""
     fixed, off = _outside_demands(sg, st, chain)
-    unary = _unary(sg, st, chain, off)
     fixed_sets = [frozenset(f) for f in fixed]
+    key = _neighbourhood(sg, st, chain, fixed_sets, off) if seen is not None else None
+    if seen is not None and key in seen:
+        new = seen[key]
+    else:
+        new = _propose(sg, st, chain, fixed, fixed_sets, off)
+        if seen is not None:
+            seen[key] = new
+    if new is None or all(st.choice[grp] == n for grp, n in zip(chain, new, strict=True)):
+        return False
+    return _accept(sg, st, chain, new)
+
+
+def _propose(sg: SearchGraph, st: PlanState, chain: list[int], fixed: list[Counter[int]],
+             fixed_sets: list[frozenset[int]], off: dict[int, Counter[int]]) -> list[int] | None:
+    """The chain's cheapest productions by the dynamic program; None where a position has none."""
+    unary = _unary(sg, st, chain, off)
     best: list[Best] = []  # per position: layout -> (value, node)
     back: list[dict[int, int]] = []  # per position: node -> predecessor node
     for i in range(len(chain)):
         cur, links = _position(sg, st, chain, i, unary, best, fixed_sets)
         if not cur:
-            return False
+            return None
         best.append(cur)
         back.append(links)
-    new = _backtrack(sg, chain, best, back, fixed)
-    if all(st.choice[grp] == n for grp, n in zip(chain, new, strict=True)):
-        return False
-    return _accept(sg, st, chain, new)
+    return _backtrack(sg, chain, best, back, fixed)
+
+
+def _neighbourhood(sg: SearchGraph, st: PlanState, chain: list[int], fixed_sets: list[frozenset[int]],
+                   off: dict[int, Counter[int]]) -> tuple:
+    """Everything _propose reads of the plan: the chain, what its values' other readers demand
+    of them, their production lists (a pinned or tied one's by content: the graph's own by
+    identity), and each operand any of their productions may read: whether it is produced and
+    by what, and what the rest of the plan demands of it. The graph and its costs are fixed."""
+    on_chain = set(chain)
+    ops: set[int] = set(off)
+    prods: list[tuple[int, ...] | None] = []
+    for grp in chain:
+        nodes = st.prod[grp]
+        prods.append(None if nodes is sg.prod[grp] else tuple(nodes))
+        ops |= sg.operands_of(grp, nodes)
+    ops -= on_chain
+    choice = st.choice
+    around = tuple((h, choice.get(h, -1), frozenset(off[h]) if h in off else None) for h in sorted(ops))
+    return (tuple(chain), tuple(fixed_sets), tuple(prods), around)
 
 
 def _outside_demands(sg: SearchGraph, st: PlanState, chain: list[int]

@@ -94,7 +94,7 @@ def best_plan(p: Problem, node_cost: np.ndarray, deadline: float, policy: Search
         budget = float("inf") if policy.family_share is None else policy.family_share * (ex.work[0] - work)
         best = _family_starts(p, ex, node_cost, best, policy, deadline, budget)
     best.explainer = ex.explain
-    ex.forget_search()
+    ex.forget_search(everything=extractor is None)
     if best.gap is None and policy.bound:
         best.bound.defer(functools.partial(_lower_bound, p, ex, _frozen(best), policy, ex.work[0] - work), best.total_s)
     best.seconds = time.perf_counter() - t0

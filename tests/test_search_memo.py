@@ -1,0 +1,100 @@
+"""The local search's shortcuts give the plans the plain computation gives: a chain move's
+proposal remembered by its neighbourhood (extract/moves_chain.py), and the start's estimate
+reached in Python or numpy (extract/start.py). Each is checked against the plain computation
+on every call of real searches."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import jax
+import optax
+import pytest
+
+import shardsat
+from shardsat.extract import greedy, moves_chain
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from models import GPTConfig, gpt_batch, gpt_params, make_gpt_step
+
+PROFILE = shardsat.DeviceProfile(flops_per_s=100e12, hbm_bytes_per_s=2e12, link_bytes_per_s=100e9, latency_s=5e-6)
+
+
+def _gpt_step():
+    cfg = GPTConfig(layers=1, d_model=32, heads=2, mlp=64, vocab=64, seq=16, batch=8)
+    _, step = make_gpt_step(cfg)
+    params = gpt_params(cfg, abstract=True)
+    return step, ((params, jax.eval_shape(optax.adamw(1e-3).init, params)), gpt_batch(cfg, abstract=True))
+
+
+def _plan(mesh_shape: tuple[int, ...]) -> shardsat.Plan:
+    step, args = _gpt_step()
+    names = ("data", "fsdp", "model")[-len(mesh_shape):]
+    return shardsat.saturate_and_extract(step, jax.make_mesh(mesh_shape, names), *args, profile=PROFILE,
+                                         state_argnums=(0,))
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 4), (2, 2, 2)])
+def test_a_remembered_chain_proposal_is_the_one_the_program_makes(monkeypatch, mesh_shape):
+    """Every chain move of a plan's searches (local search, families, their releases; pinned,
+    seeded and tied inputs) recomputes its proposal: where its neighbourhood was seen before,
+    the remembered proposal is the same. The memory must be used, or this checks nothing."""
+    real = moves_chain.relabel_chain
+    made: dict[tuple, list[int] | None] = {}
+    seen_again = [0]
+
+    def checked(sg, st, chain, seen=None):
+        fixed, off = moves_chain._outside_demands(sg, st, chain)
+        fixed_sets = [frozenset(f) for f in fixed]
+        key = (id(sg), moves_chain._neighbourhood(sg, st, chain, fixed_sets, off))
+        fresh = moves_chain._propose(sg, st, chain, fixed, fixed_sets, off)
+        if key in made:
+            seen_again[0] += 1
+            assert made[key] == fresh, chain
+        made[key] = fresh
+        return real(sg, st, chain, seen)
+
+    monkeypatch.setattr(greedy, "relabel_chain", checked)
+    _plan(mesh_shape)
+    assert seen_again[0] > len(made) // 4, (seen_again[0], len(made))
+
+
+def test_the_chain_memory_changes_no_plan(monkeypatch):
+    """The same plan, to the production, with the memory and without it."""
+    remembered = _plan((2, 4))
+    real = moves_chain.relabel_chain
+    monkeypatch.setattr(greedy, "relabel_chain", lambda sg, st, chain, seen=None: real(sg, st, chain, None))
+    plain = _plan((2, 4))
+    assert {g: c.node for g, c in plain.extraction.choices.items()} == {
+        g: c.node for g, c in remembered.extraction.choices.items()}
+    assert plain.extraction.total_s == remembered.extraction.total_s
+
+
+def test_a_chain_of_pinned_productions_is_another_neighbourhood(monkeypatch):
+    """A chain whose first value is an input, planned again with that input narrowed to fewer
+    productions (a family's pins) around the same plan: its dynamic program runs again (it may
+    not propose the production left out); with the same productions in another list, it does not."""
+    problems = []
+    real_best = shardsat.api.best_plan
+    monkeypatch.setattr(shardsat.api, "best_plan", lambda p, *a, **k: problems.append(p) or real_best(p, *a, **k))
+    _plan((2, 4))
+    p = problems[0]
+    ex = greedy.Extractor(p.graph, p.node_cost, p.value_space, p.spaces, p.edges, p.model, combinable=p.combinable,
+                          weight=p.weight)
+    sg, st = ex.graph, ex.run(p.roots, math.inf, explain=False).state
+    chain = next(c for c in moves_chain.chains(sg, st) if len(st.prod[c[0]]) > 1 and not sg.kids[st.choice[c[0]]])
+    proposed = [0]
+    real_propose = moves_chain._propose
+    monkeypatch.setattr(moves_chain, "_propose", lambda *a: proposed.__setitem__(0, proposed[0] + 1) or real_propose(*a))
+    seen: moves_chain.ChainSeen = {}
+    for _ in range(2):  # a pinned list is a new one each run: known by its contents
+        same = st.copy()
+        same.prod[chain[0]] = list(st.prod[chain[0]])
+        moves_chain.relabel_chain(sg, same, chain, seen)
+    assert proposed[0] == 1
+    narrowed = st.copy()
+    narrowed.prod[chain[0]] = [n for n in st.prod[chain[0]] if n != st.choice[chain[0]]]
+    moves_chain.relabel_chain(sg, narrowed, chain, seen)
+    assert proposed[0] == 2
