@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import optax
 import pytest
 
 import shardsat
-from shardsat.extract import greedy, moves_chain
+from shardsat.extract import greedy, moves_chain, start
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from models import GPTConfig, gpt_batch, gpt_params, make_gpt_step
@@ -70,6 +71,57 @@ def test_the_chain_memory_changes_no_plan(monkeypatch):
     assert {g: c.node for g, c in plain.extraction.choices.items()} == {
         g: c.node for g, c in remembered.extraction.choices.items()}
     assert plain.extraction.total_s == remembered.extraction.total_s
+
+
+def _plain_estimates(sg, st) -> list[float]:
+    """The estimate as computed before the Python reach: a numpy row minimum per value."""
+    uses = [float(max(1, len(ps))) for ps in sg.parents]
+    for grp, _ in st.roots:
+        uses[grp] += 1
+    est = [math.inf] * sg.g.num_classes
+    for grp in sg.order:
+        if not sg.group_classes[grp]:
+            continue
+        sp = sg.paths[sg.group_key[grp]]
+        prod_est = np.full(len(sp.layouts), math.inf)
+        for n in st.prod[grp]:
+            v = sg.cost_l[n] + sum(est[c] / uses[sg.class_group_l[c]] for c in sg.kids[n])
+            r = sp.index[sg.node_layout[n]]
+            if v < prod_est[r]:
+                prod_est[r] = v
+        finite = np.isfinite(prod_est)
+        if not finite.any():
+            continue
+        reach = np.min(prod_est[finite][:, None] + sg.weight_l[grp] * sp.dist[finite], axis=0).tolist()
+        for c in sg.group_classes[grp]:
+            est[c] = reach[sp.index[sg.class_layout_l[c]]]
+    return est
+
+
+@pytest.mark.parametrize("pairs", [0, start.PY_REACH_PAIRS, 10**9])
+def test_the_estimate_is_the_plain_one_to_the_bit(monkeypatch, pairs):
+    """Reached in Python (small values), in numpy (the rest), or all one way: every start of a
+    plan's searches gets the estimate and the top-down choice the plain computation gives."""
+    monkeypatch.setattr(start, "PY_REACH_PAIRS", pairs)
+    real_est, real_top = start.estimates, start.choose_top_down
+    calls = [0]
+
+    def checked_est(sg, st):
+        est, uses, node_v = real_est(sg, st)
+        assert est == _plain_estimates(sg, st)  # inf == inf; NaN would fail, and must not occur
+        calls[0] += 1
+        return est, uses, node_v
+
+    def checked_top(sg, st, est, uses, node_v):
+        plain = st.copy()
+        real_top(sg, plain, est, uses, {})  # every production weighed afresh
+        real_top(sg, st, est, uses, node_v)
+        assert st.choice == plain.choice and st.demand == plain.demand
+
+    monkeypatch.setattr(greedy, "estimates", checked_est)
+    monkeypatch.setattr(greedy, "choose_top_down", checked_top)
+    _plan((2, 4))
+    assert calls[0] > 5
 
 
 def test_a_chain_of_pinned_productions_is_another_neighbourhood(monkeypatch):

@@ -135,9 +135,9 @@ class Extractor:
             roots_of.setdefault(h, []).append(r)
         st = PlanState(tuple(roots), {}, [Counter() for _ in range(g.num_groups)], prod, place_of, [], roots_of)
         self.work[0] += 2 * len(sg.order)  # the estimate and the top-down choice
-        est, uses = estimates(sg, st)
+        est, uses, node_v = estimates(sg, st)
         choose_roots(sg, st, est, {r: h for h, r in ties}, seed)
-        choose_top_down(sg, st, est, uses)
+        choose_top_down(sg, st, est, uses, node_v)
         for h, nodes in released.items():
             if h not in place_of:
                 prod[h] = nodes

@@ -37,11 +37,23 @@ class SpacePaths:
     edge_keys: np.ndarray | None = None
     edge_vals: np.ndarray | None = None
     last_s: np.ndarray | None = None  # last_edge()
+    # per source row, dist's row as a Python list (None where it holds a NaN), made on first use
+    dist_rows: dict[int, list[float] | None] = field(default_factory=dict)
 
     def lists(self, s: int) -> tuple[list[int], list[bool]]:
         hit = self.row_lists.get(s)
         if hit is None:
             hit = self.row_lists[s] = (self.pred[s].tolist(), np.isfinite(self.dist[s]).tolist())
+        return hit
+
+    def dist_list(self, r: int) -> list[float] | None:
+        """dist's row r as a Python list, for the values a start's estimate reaches one class at
+        a time (extract/start.py); None where it holds a NaN (numpy's min propagates one, a
+        Python comparison would not)."""
+        hit = self.dist_rows.get(r, False)
+        if hit is False:
+            row = self.dist[r]
+            hit = self.dist_rows[r] = None if np.isnan(row).any() else row.tolist()
         return hit
 
     def edge_seconds(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:

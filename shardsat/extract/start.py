@@ -18,35 +18,68 @@ import numpy as np
 from ..errors import NoPlanError
 from .planstate import PlanState
 from .searchgraph import SearchGraph
+from .spacepaths import SpacePaths
+
+# a value is reached in Python, at the layouts it has classes in, where that is at most this many
+# (row, class) pairs: below, numpy's per-call overhead exceeded the work (most values of a GPT
+# step on 2x4: the estimate was a tenth of its planning); above, numpy's rows win (2x2x2)
+PY_REACH_PAIRS = 128
 
 
-def estimates(sg: SearchGraph, st: PlanState) -> tuple[list[float], list[float]]:
-    """Per class the estimated seconds to obtain it, and per group its share divisor (its
-    consumers and outputs)."""
+def estimates(sg: SearchGraph, st: PlanState) -> tuple[list[float], list[float], dict[int, float]]:
+    """Per class the estimated seconds to obtain it, per group its share divisor (its
+    consumers and outputs), and per production its own cost plus its operands' shares (what
+    choose_top_down weighs too)."""
     uses = [float(max(1, len(ps))) for ps in sg.parents]
     for grp, _ in st.roots:
         uses[grp] += 1
     est = [math.inf] * sg.g.num_classes
-    cls_group_l, cls_layout_l = sg.class_group_l, sg.class_layout_l
+    share = [math.inf] * sg.g.num_classes  # est[c] / uses[c's group], the same division
+    node_v: dict[int, float] = {}
     cost_l, node_layout, kids = sg.cost_l, sg.node_layout, sg.kids
-    group_classes = sg.group_classes
     for grp in sg.order:
-        if not group_classes[grp]:
+        classes = sg.group_classes[grp]
+        if not classes:
             continue
         sp = sg.paths[sg.group_key[grp]]
-        prod_est = np.full(len(sp.layouts), math.inf)
+        index = sp.index
+        row_v: dict[int, float] = {}  # layout row -> its cheapest production's value
         for n in st.prod[grp]:
-            v = cost_l[n] + sum(est[c] / uses[cls_group_l[c]] for c in kids[n])
-            r = sp.index[node_layout[n]]
-            if v < prod_est[r]:
-                prod_est[r] = v
-        finite = np.isfinite(prod_est)
-        if not finite.any():
-            continue
-        reach = np.min(prod_est[finite][:, None] + sg.weight_l[grp] * sp.dist[finite], axis=0).tolist()
-        for c in group_classes[grp]:
-            est[c] = reach[sp.index[cls_layout_l[c]]]
-    return est, uses
+            v = node_v[n] = cost_l[n] + sum(map(share.__getitem__, kids[n]))
+            r = index[node_layout[n]]
+            if v < row_v.get(r, math.inf):
+                row_v[r] = v
+        rows = [(r, v) for r, v in row_v.items() if math.isfinite(v)]
+        if rows:
+            _reach(sg, grp, sp, rows, classes, est)
+            for c in classes:
+                share[c] = est[c] / uses[grp]
+    return est, uses, node_v
+
+
+def _reach(sg: SearchGraph, grp: int, sp: SpacePaths, rows: list[tuple[int, float]], classes: list[int],
+           est: list[float]) -> None:
+    """Each class's estimate: the cheapest production row resharded to its layout (the
+    value's weight times the distance)."""
+    w = sg.weight_l[grp]
+    cols = [sp.index[sg.class_layout_l[c]] for c in classes]
+    dist = None
+    if len(rows) * len(classes) <= PY_REACH_PAIRS and 0.0 < w < math.inf:
+        dist = [sp.dist_list(r) for r, _ in rows]
+    if dist is None or None in dist:
+        rows = sorted(rows)
+        vals = np.array([v for _, v in rows])
+        reach = np.min(vals[:, None] + w * sp.dist[[r for r, _ in rows]], axis=0).tolist()
+        for c, j in zip(classes, cols, strict=True):
+            est[c] = reach[j]
+        return
+    for c, j in zip(classes, cols, strict=True):
+        m = math.inf
+        for (_, v), d in zip(rows, dist, strict=True):
+            x = v + w * d[j]
+            if x < m:
+                m = x
+        est[c] = m
 
 
 def choose_roots(sg: SearchGraph, st: PlanState, est: list[float], tied_root: dict[int, int],
@@ -92,9 +125,11 @@ def choose_roots(sg: SearchGraph, st: PlanState, est: list[float], tied_root: di
             forced[h] = int(cls_layout[best_c])
 
 
-def choose_top_down(sg: SearchGraph, st: PlanState, est: list[float], uses: list[float]) -> None:
+def choose_top_down(sg: SearchGraph, st: PlanState, est: list[float], uses: list[float],
+                    node_v: dict[int, float]) -> None:
     """Consumers before producers, each demanded value the production cheapest for its actual
-    demands plus its operands' estimates."""
+    demands plus its operands' estimates (`node_v`, estimates' value of each production it
+    weighed; a tied input's place node chosen since is weighed here)."""
     choice, demand = st.choice, st.demand
     cost_l, node_layout, kids, cls_group_l = sg.cost_l, sg.node_layout, sg.kids, sg.class_group_l
     for grp in reversed(sg.order):
@@ -104,7 +139,9 @@ def choose_top_down(sg: SearchGraph, st: PlanState, est: list[float], uses: list
         best_n, best_v = -1, math.inf
         w = sg.weight_l[grp]
         for n in st.prod[grp]:
-            v = cost_l[n] + sum(est[c] / uses[cls_group_l[c]] for c in kids[n])
+            v = node_v.get(n)
+            if v is None:
+                v = cost_l[n] + sum(est[c] / uses[cls_group_l[c]] for c in kids[n])
             if v >= best_v:
                 continue
             v += w * sg.steiner_cost(grp, node_layout[n], targets)
