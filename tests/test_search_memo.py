@@ -150,3 +150,22 @@ def test_a_chain_of_pinned_productions_is_another_neighbourhood(monkeypatch):
     narrowed.prod[chain[0]] = [n for n in st.prod[chain[0]] if n != st.choice[chain[0]]]
     moves_chain.relabel_chain(sg, narrowed, chain, seen)
     assert proposed[0] == 2
+
+
+def test_a_space_moves_saving_is_the_same_with_the_values_costs_kept(monkeypatch):
+    """Every tensor-space move a plan's searches try saves, to the bit, what it saves priced
+    afresh: the values' seconds kept between tries (`now`) are those of the plan as it is."""
+    from shardsat.extract import moves_space
+
+    real = moves_space.try_moves
+    tried = [0]
+
+    def checked(sg, st, plan, tie_roots, keep, now=None):
+        if now is not None:
+            assert real(sg, st, plan, tie_roots, keep=False) == real(sg, st, plan, tie_roots, keep=False, now=now)
+            tried[0] += 1
+        return real(sg, st, plan, tie_roots, keep, now)
+
+    monkeypatch.setattr(moves_space, "try_moves", checked)
+    _plan((2, 4))
+    assert tried[0] > 10

@@ -80,6 +80,7 @@ def _best_space_plan(sg: SearchGraph, st: PlanState, groups: list[int], tie_root
                   {layout_of(st.choice[x]) for x in groups} | {lay for x in groups for lay in st.demand[x]})
     targets = sorted(lay for lay in candidates if not sg.spaces.layouts[lay].partial)
     best_gain, best_plan = EPS, None
+    now: dict[int, float] = {}  # each touched value's seconds in the plan as it is (every try is undone)
     for b in targets:
         if time.perf_counter() >= deadline:
             break
@@ -87,7 +88,7 @@ def _best_space_plan(sg: SearchGraph, st: PlanState, groups: list[int], tie_root
         work[0] += len(groups)
         if not plan:
             continue
-        gain = try_moves(sg, st, plan, tie_roots, keep=False)
+        gain = try_moves(sg, st, plan, tie_roots, keep=False, now=now)
         if gain > best_gain:
             best_gain, best_plan = gain, plan
     return best_plan
@@ -119,7 +120,7 @@ def space_plan(sg: SearchGraph, st: PlanState, groups: list[int], b: int, tie_ro
     """For each group (in order), the production in layout b that is cheapest given the
     groups before it already moved; groups with none in b stay."""
     roots, choice = st.roots, st.choice
-    cost_l, weight, node_layout, demands, steiner_cost = sg.cost_l, sg.weight, sg.node_layout, sg.demands, sg.steiner_cost
+    cost_l, weight_l, node_layout, demands, steiner_cost = sg.cost_l, sg.weight_l, sg.node_layout, sg.demands, sg.steiner_cost
     moved: dict[int, int] = {}
     for grp in groups:
         if grp in st.place_of:
@@ -139,7 +140,7 @@ def space_plan(sg: SearchGraph, st: PlanState, groups: list[int], b: int, tie_ro
                     v = math.inf
                     break
                 src = moved.get(h, choice[h])
-                v += weight[h] * steiner_cost(h, node_layout[src], frozenset(lays))
+                v += weight_l[h] * steiner_cost(h, node_layout[src], frozenset(lays))
             if v < best_v:
                 best_n, best_v = n, v
         if best_n >= 0 and best_n != choice[grp]:
@@ -148,8 +149,10 @@ def space_plan(sg: SearchGraph, st: PlanState, groups: list[int], b: int, tie_ro
 
 
 def try_moves(sg: SearchGraph, st: PlanState, plan: dict[int, int], tie_roots: dict[int, list[int]],
-              keep: bool) -> float:
-    """Apply the moves, return the exact saving; undo them unless `keep`."""
+              keep: bool, now: dict[int, float] | None = None) -> float:
+    """Apply the moves, return the exact saving; undo them unless `keep`. `now`: the values'
+    seconds in the plan as it is, kept between tries that are all undone (the same sums
+    st.cost_of takes, in the same order)."""
     g = sg.g
     choice = st.choice
     touched = set(plan)
@@ -157,7 +160,15 @@ def try_moves(sg: SearchGraph, st: PlanState, plan: dict[int, int], tie_roots: d
         touched |= set(sg.demands(choice[grp])) | set(sg.demands(n))
         touched |= {st.roots[r][0] for r in tie_roots.get(grp, [])}
     touched = {x for x in touched if x in choice}
-    before = st.cost_of(sg, touched)
+    if now is None:
+        before = st.cost_of(sg, touched)
+    else:
+        before = 0.0
+        for x in touched:
+            c = now.get(x)
+            if c is None:
+                c = now[x] = st.cost_of(sg, {x})
+            before += c
     old = {grp: choice[grp] for grp in plan}
 
     def put(nodes: dict[int, int]) -> None:
