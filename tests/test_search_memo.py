@@ -48,9 +48,8 @@ def test_a_remembered_chain_proposal_is_the_one_the_program_makes(monkeypatch, m
 
     def checked(sg, st, chain, seen=None):
         fixed, off = moves_chain._outside_demands(sg, st, chain)
-        fixed_sets = [frozenset(f) for f in fixed]
-        key = (id(sg), moves_chain._neighbourhood(sg, st, chain, fixed_sets, off))
-        fresh = moves_chain._propose(sg, st, chain, fixed, fixed_sets, off)
+        key = (id(sg), moves_chain._neighbourhood(sg, st, chain, fixed, off))
+        fresh = moves_chain._propose(sg, st, chain, fixed, off)
         if key in made:
             seen_again[0] += 1
             assert made[key] == fresh, chain
@@ -169,3 +168,44 @@ def test_a_space_moves_saving_is_the_same_with_the_values_costs_kept(monkeypatch
     monkeypatch.setattr(moves_space, "try_moves", checked)
     _plan((2, 4))
     assert tried[0] > 10
+
+
+def _counted_outside_demands(sg, st, chain):
+    """moves_chain._outside_demands as it was, with Counters copied and decremented."""
+    from collections import Counter
+
+    fixed = []
+    for i, grp in enumerate(chain):
+        d = st.demand[grp].copy()
+        if i + 1 < len(chain):
+            for lay in sg.demands(st.choice[chain[i + 1]]).get(grp, ()):
+                d[lay] -= 1
+        fixed.append(frozenset(Counter({k: v for k, v in d.items() if v > 0})))
+    off = {}
+    for grp in chain:
+        for h, lays in sg.demands(st.choice[grp]).items():
+            if h not in chain:
+                d = off.setdefault(h, st.demand[h].copy())
+                for lay in lays:
+                    d[lay] -= 1
+    return fixed, {h: frozenset(Counter({k: v for k, v in d.items() if v > 0})) for h, d in off.items()}
+
+
+def test_a_chains_outside_demands_are_the_counted_ones_in_their_order(monkeypatch):
+    """The sets a chain move prices, on every chain move of a plan's searches: the same layouts
+    as Counters copied and decremented gave, iterated in the same order (a resharding tree's
+    first float sum is taken in it)."""
+    real = moves_chain._outside_demands
+    calls = [0]
+
+    def checked(sg, st, chain):
+        fixed, off = real(sg, st, chain)
+        want_fixed, want_off = _counted_outside_demands(sg, st, chain)
+        assert [list(f) for f in fixed] == [list(f) for f in want_fixed]
+        assert {h: list(s) for h, s in off.items()} == {h: list(s) for h, s in want_off.items()}
+        calls[0] += 1
+        return fixed, off
+
+    monkeypatch.setattr(moves_chain, "_outside_demands", checked)
+    _plan((2, 2, 2))
+    assert calls[0] > 100

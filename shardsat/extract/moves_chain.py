@@ -5,7 +5,6 @@ One value at a time cannot switch a chain's layout: each alone would pay reshard
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -57,12 +56,11 @@ def relabel_chain(sg: SearchGraph, st: PlanState, chain: list[int], seen: ChainS
     chain, the rest of the plan fixed); keep the result if the true DAG cost drops. `seen`:
     proposals by neighbourhood, read and filled (the same costs only: one per extractor)."""
     fixed, off = _outside_demands(sg, st, chain)
-    fixed_sets = [frozenset(f) for f in fixed]
-    key = _neighbourhood(sg, st, chain, fixed_sets, off) if seen is not None else None
+    key = _neighbourhood(sg, st, chain, fixed, off) if seen is not None else None
     if seen is not None and key in seen:
         new = seen[key]
     else:
-        new = _propose(sg, st, chain, fixed, fixed_sets, off)
+        new = _propose(sg, st, chain, fixed, off)
         if seen is not None:
             seen[key] = new
     if new is None or all(st.choice[grp] == n for grp, n in zip(chain, new, strict=True)):
@@ -70,14 +68,14 @@ def relabel_chain(sg: SearchGraph, st: PlanState, chain: list[int], seen: ChainS
     return _accept(sg, st, chain, new)
 
 
-def _propose(sg: SearchGraph, st: PlanState, chain: list[int], fixed: list[Counter[int]],
-             fixed_sets: list[frozenset[int]], off: dict[int, Counter[int]]) -> list[int] | None:
+def _propose(sg: SearchGraph, st: PlanState, chain: list[int], fixed: list[frozenset[int]],
+             off: dict[int, frozenset[int]]) -> list[int] | None:
     """The chain's cheapest productions by the dynamic program; None where a position has none."""
     unary = _unary(sg, st, chain, off)
     best: list[Best] = []  # per position: layout -> (value, node)
     back: list[dict[int, int]] = []  # per position: node -> predecessor node
     for i in range(len(chain)):
-        cur, links = _position(sg, st, chain, i, unary, best, fixed_sets)
+        cur, links = _position(sg, st, chain, i, unary, best, fixed)
         if not cur:
             return None
         best.append(cur)
@@ -85,8 +83,8 @@ def _propose(sg: SearchGraph, st: PlanState, chain: list[int], fixed: list[Count
     return _backtrack(sg, chain, best, back, fixed)
 
 
-def _neighbourhood(sg: SearchGraph, st: PlanState, chain: list[int], fixed_sets: list[frozenset[int]],
-                   off: dict[int, Counter[int]]) -> tuple:
+def _neighbourhood(sg: SearchGraph, st: PlanState, chain: list[int], fixed: list[frozenset[int]],
+                   off: dict[int, frozenset[int]]) -> tuple:
     """Everything _propose reads of the plan: the chain, what its values' other readers demand
     of them, their production lists (a pinned or tied one's by content: the graph's own by
     identity), and each operand any of their productions may read: whether it is produced and
@@ -100,41 +98,38 @@ def _neighbourhood(sg: SearchGraph, st: PlanState, chain: list[int], fixed_sets:
         ops |= sg.operands_of(grp, nodes)
     ops -= on_chain
     choice = st.choice
-    around = tuple((h, choice.get(h, -1), frozenset(off[h]) if h in off else None) for h in sorted(ops))
-    return (tuple(chain), tuple(fixed_sets), tuple(prods), around)
+    around = tuple((h, choice.get(h, -1), off.get(h)) for h in sorted(ops))
+    return (tuple(chain), tuple(fixed), tuple(prods), around)
 
 
 def _outside_demands(sg: SearchGraph, st: PlanState, chain: list[int]
-                     ) -> tuple[list[Counter[int]], dict[int, Counter[int]]]:
-    """Demands on each chain value from everyone except its chain successor, and on each
-    off-chain operand of the chain without the chain's own current demands."""
+                     ) -> tuple[list[frozenset[int]], dict[int, frozenset[int]]]:
+    """The layouts demanded of each chain value by everyone except its chain successor, and of
+    each off-chain operand of the chain without the chain's own current demands (each set in
+    the order of the plan's demand counter: a resharding tree's first sum is taken in it)."""
     choice, demand = st.choice, st.demand
     on_chain = set(chain)
-    fixed: list[Counter[int]] = []
+    fixed: list[frozenset[int]] = []
     for i, grp in enumerate(chain):
-        d = demand[grp].copy()
-        if i + 1 < len(chain):
-            for lay in sg.demands(choice[chain[i + 1]]).get(grp, ()):
-                d[lay] -= 1
-        fixed.append(Counter({k: v for k, v in d.items() if v > 0}))
-    off: dict[int, Counter[int]] = {}
+        mine = sg.demands(choice[chain[i + 1]]).get(grp, ()) if i + 1 < len(chain) else ()
+        fixed.append(frozenset(k for k, v in demand[grp].items() if v > mine.count(k)))
+    taken: dict[int, dict[int, int]] = {}  # off-chain operand -> layout -> the chain's demands of it
     for grp in chain:
         for h, lays in sg.demands(choice[grp]).items():
-            if h in on_chain:
-                continue
-            d = off.setdefault(h, demand[h].copy())
-            for lay in lays:
-                d[lay] -= 1
-    return fixed, {h: Counter({k: v for k, v in d.items() if v > 0}) for h, d in off.items()}
+            if h not in on_chain:
+                t = taken.setdefault(h, {})
+                for lay in lays:
+                    t[lay] = t.get(lay, 0) + 1
+    return fixed, {h: frozenset(k for k, v in demand[h].items() if v > t.get(k, 0)) for h, t in taken.items()}
 
 
-def _unary(sg: SearchGraph, st: PlanState, chain: list[int], off: dict[int, Counter[int]]
+def _unary(sg: SearchGraph, st: PlanState, chain: list[int], off: dict[int, frozenset[int]]
            ) -> Callable[[int, int], float]:
     """Node n's price at chain position i: its own cost plus its off-chain operands' extra
     resharding (inf if it reads the chain other than through its predecessor)."""
     choice = st.choice
     on_chain = set(chain)
-    off_sets = {h: frozenset(d) for h, d in off.items()}
+    off_sets = off
     empty: frozenset[int] = frozenset()
     # an off-chain operand's extra cost for one set of demanded layouts: the same for every
     # production that asks for them
@@ -259,12 +254,12 @@ def _link(sg: SearchGraph, prev: int, ranked: Ranked, t: frozenset[int]) -> tupl
 
 
 def _backtrack(sg: SearchGraph, chain: list[int], best: list[Best], back: list[dict[int, int]],
-               fixed: list[Counter[int]]) -> list[int]:
+               fixed: list[frozenset[int]]) -> list[int]:
     """The cheapest chain's productions, the last value's resharding to its other readers included."""
     last = chain[-1]
     bv, bn = math.inf, -1
     for lay, (val, n) in best[-1].items():
-        t = frozenset(fixed[-1])
+        t = fixed[-1]
         tot = val + (sg.weight[last] * sg.steiner_cost(last, lay, t) if t else 0.0)
         if tot < bv:
             bv, bn = tot, n
