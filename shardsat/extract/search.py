@@ -58,6 +58,8 @@ class Problem:
     tensor_axis: str | None = None
     # where it does, the name of data parallelism over every axis, also completed in full
     data_parallel: str | None = None
+    # node_bytes by `per_run`: the same for every copy (a family's pins) of one problem
+    held_bytes: dict[bool, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
 
 def _reprice(ex: Extraction, cost: np.ndarray) -> Extraction:
@@ -423,30 +425,29 @@ def _split(p: Problem, ex: Extractor, best: Extraction, policy: SearchPolicy, wo
 def node_bytes(p: Problem, per_run: bool = False) -> np.ndarray:
     """Bytes per device each e-node holds: a placed argument its shard, a local op's result a
     quarter of its shard (ACTIVATION_WEIGHT), once however often a scan body runs it, or with
-    `per_run` once per run."""
+    `per_run` once per run. Computed once per problem (the pressure restarts ask each time)."""
+    hit = p.held_bytes.get(per_run)
+    if hit is None:
+        hit = p.held_bytes[per_run] = _node_bytes(p, per_run)
+    return hit
+
+
+def _node_bytes(p: Problem, per_run: bool) -> np.ndarray:
     g = p.graph
     out = np.zeros(g.num_nodes)
-    group_space = g.group_spaces(p.value_space)
-    memo: dict[tuple[int, int], int] = {}
-
-    def shard(sp_id: int, lay: int) -> int:
-        hit = memo.get((sp_id, lay))
-        if hit is None:
-            hit = memo[(sp_id, lay)] = p.spaces.shard_bytes(p.spaces.spaces[sp_id], lay)
-        return hit
-
-    kinds, classes = g.node_kind.tolist(), g.node_class.tolist()
-    cgroup, clayout, node_b = g.class_group.tolist(), g.class_layout.tolist(), g.node_b.tolist()
-    weight = p.weight.tolist()
-    for n, (kind, c) in enumerate(zip(kinds, classes, strict=True)):
-        grp = cgroup[c]
-        sp_id = group_space[grp]
-        if sp_id < 0:
-            continue
-        if kind == NodeKind.PLACE:
-            out[n] = shard(sp_id, node_b[n])
-        elif kind == NodeKind.LOCAL:
-            out[n] = ACTIVATION_WEIGHT * shard(sp_id, clayout[c]) / (1.0 if per_run else weight[grp])
+    kinds = np.asarray(g.node_kind)
+    groups = np.asarray(g.class_group)[g.node_class]
+    spaces = np.asarray(g.group_spaces(p.value_space), dtype=np.int64)[groups]
+    place, local = kinds == NodeKind.PLACE, kinds == NodeKind.LOCAL
+    held = np.flatnonzero((spaces >= 0) & (place | local))
+    lays = np.where(place, g.node_b, np.asarray(g.class_layout)[g.node_class])[held]
+    pairs, at = np.unique(np.stack([spaces[held], lays]), axis=1, return_inverse=True)
+    shard = np.array([p.spaces.shard_bytes(p.spaces.spaces[sp], lay) for sp, lay in pairs.T.tolist()], dtype=float)
+    size = shard[at.reshape(-1)]
+    is_place = place[held]
+    out[held[is_place]] = size[is_place]
+    per = np.ones(len(held)) if per_run else np.asarray(p.weight, dtype=float)[groups[held]]
+    out[held[~is_place]] = ACTIVATION_WEIGHT * size[~is_place] / per[~is_place]
     return out
 
 
