@@ -209,3 +209,52 @@ def test_a_chains_outside_demands_are_the_counted_ones_in_their_order(monkeypatc
     monkeypatch.setattr(moves_chain, "_outside_demands", checked)
     _plan((2, 2, 2))
     assert calls[0] > 100
+
+
+def _looped_node_bytes(p, per_run):
+    """search.node_bytes as it was: one e-node at a time."""
+    from shardsat.extract import search
+
+    g = p.graph
+    out = np.zeros(g.num_nodes)
+    group_space = g.group_spaces(p.value_space)
+    for n in range(g.num_nodes):
+        c = int(g.node_class[n])
+        grp = int(g.class_group[c])
+        sp = group_space[grp]
+        if sp < 0:
+            continue
+        if int(g.node_kind[n]) == search.NodeKind.PLACE:
+            out[n] = p.spaces.shard_bytes(p.spaces.spaces[sp], int(g.node_b[n]))
+        elif int(g.node_kind[n]) == search.NodeKind.LOCAL:
+            size = p.spaces.shard_bytes(p.spaces.spaces[sp], int(g.class_layout[c]))
+            out[n] = search.ACTIVATION_WEIGHT * size / (1.0 if per_run else float(p.weight[grp]))
+    return out
+
+
+def test_node_bytes_are_the_looped_ones(monkeypatch):
+    """The bytes the memory-pressure searches price, per e-node, computed in numpy: the same
+    floats as one node at a time, for a step with a scanned loop (its values weighed by their
+    runs) and for a training step."""
+    from shardsat.extract import search
+
+    problems = []
+    real_best = shardsat.api.best_plan
+    monkeypatch.setattr(shardsat.api, "best_plan", lambda p, *a, **k: problems.append(p) or real_best(p, *a, **k))
+
+    def scanned(ws, x):
+        def body(h, w):
+            return jax.numpy.tanh(h @ w), None
+        return jax.lax.scan(body, x, ws)[0].sum()
+
+    S = jax.ShapeDtypeStruct
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    shardsat.saturate_and_extract(jax.grad(scanned), mesh, S((4, 32, 32), np.float32), S((16, 32), np.float32),
+                                  profile=PROFILE)
+    _plan((2, 4))
+    assert any((p.weight > 1).any() for p in problems)
+    for p in problems:
+        for per_run in (False, True):
+            got = search.node_bytes(p, per_run)
+            assert got.tobytes() == _looped_node_bytes(p, per_run).tobytes()
+            assert search.node_bytes(p, per_run) is got  # once per problem

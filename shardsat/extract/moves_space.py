@@ -70,12 +70,8 @@ def _best_space_plan(sg: SearchGraph, st: PlanState, groups: list[int], tie_root
                      work: list[int], deadline: float, every_layout: bool) -> dict[int, int] | None:
     """The move of these values to one layout that saves most (more than EPS), or None."""
     layout_of = sg.node_layout.__getitem__
-    at: dict[int, dict[int, list[int]]] = {}  # group -> layout -> productions
-    for x in groups:
-        if st.prod[x]:
-            ax = at[x] = {}
-            for n in st.prod[x]:
-                ax.setdefault(layout_of(n), []).append(n)
+    # group -> layout -> productions
+    at: dict[int, dict[int, list[int]]] = {x: sg.by_layout(x, st.prod[x]) for x in groups if st.prod[x]}
     candidates = ({lay for ax in at.values() for lay in ax} if every_layout else
                   {layout_of(st.choice[x]) for x in groups} | {lay for x in groups for lay in st.demand[x]})
     targets = sorted(lay for lay in candidates if not sg.spaces.layouts[lay].partial)

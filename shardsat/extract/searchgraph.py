@@ -58,6 +58,7 @@ class SearchCache:
     # per group: a production list (a plan state's, never mutated once built) and the groups its
     # productions read, kept while the list is the one a state holds (the space moves' snapshots)
     operands: dict[int, tuple[list[int], frozenset[int]]] = field(default_factory=dict)
+    by_layout: dict[int, tuple[list[int], dict[int, list[int]]]] = field(default_factory=dict)  # the same, by_layout
     whole: dict[int, list[int]] | None = None  # whole_productions
 
 
@@ -314,6 +315,18 @@ class SearchGraph:
         ops = frozenset(out)
         self.cache.operands[grp] = (nodes, ops)
         return ops
+
+    def by_layout(self, grp: int, nodes: list[int]) -> dict[int, list[int]]:
+        """These productions of grp by the layout they make, in their order (read only): kept
+        while the list is the one a state holds, as operands_of."""
+        hit = self.cache.by_layout.get(grp)
+        if hit is not None and hit[0] is nodes:
+            return hit[1]
+        out: dict[int, list[int]] = {}
+        for n in nodes:
+            out.setdefault(self.node_layout[n], []).append(n)
+        self.cache.by_layout[grp] = (nodes, out)
+        return out
 
     def own(self, grp: int, n: int, targets: frozenset[int]) -> float:
         """A value's seconds produced by n and resharded to `targets` (steiner_cost inlined: the
