@@ -27,7 +27,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..egraph.program import Equation, Program
+from ..egraph.program import Equation, Program, dtype_name
 from . import fusion
 from .fusion import YNN_REDUCERS, YNN_VIEWS
 
@@ -301,8 +301,8 @@ def _degenerate(tl: Timeline, k: Key, lid: int | None) -> bool:
 def _node(e: Equation, prog: Program, devices: int) -> Node:
     vals = [prog.values[a] for a in e.inputs if isinstance(a, int)]
     out = prog.values[e.outputs[0]]
-    return classify(e, [tuple(v.shape) for v in vals], [str(v.dtype) for v in vals], tuple(out.shape),
-                    str(out.dtype), devices)
+    return classify(e, [tuple(v.shape) for v in vals], [dtype_name(v.dtype) for v in vals], tuple(out.shape),
+                    dtype_name(out.dtype), devices)
 
 
 def _transposed_lhs(e: Equation, seq: Sequence[Equation], made: dict[Key, int], key: Callable[[int], Key | None]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from ..egraph.collectives import COLLECTIVES
 from ..egraph.export import ExportedGraph, NodeKind
 from ..egraph.layout import SpaceTable
-from ..egraph.program import Equation, Literal, Program, itemsize
+from ..egraph.program import Equation, Literal, Program, dtype_name, itemsize
 from ..rules.registry import rule_for
 from . import deadcode, fusion, library
 from .buffers import Allocation, Temp, heap_peak, packed_heap, reuse_fixed, share_inplace
@@ -1384,7 +1384,7 @@ def widened_keys(tl: Timeline) -> tuple[set[Key], dict[int, list[int]]]:
         if any(k in several for k in tl.first[t]):
             continue
         atoms = [*e.inputs, *e.outputs]
-        dtypes = [str(prog.values[a].dtype) if isinstance(a, int) else "" for a in atoms]
+        dtypes = [dtype_name(prog.values[a].dtype) if isinstance(a, int) else "" for a in atoms]
         for i in fusion.widened_values(e, dtypes, tl.spaces.mesh.platform):
             a = atoms[i]
             k = tl.key(a) if isinstance(a, int) else None
@@ -1443,7 +1443,7 @@ def stack_initial_values(live: PlanLiveness) -> list[tuple[int, int, int]]:
             b = (k, live.produced.get(k))
             if b in live.born and k not in outs:
                 v = tl.program.values[tl.rep[k]]
-                first.setdefault((tuple(v.shape), str(v.dtype), b[1]), (live.born[b], b))
+                first.setdefault((tuple(v.shape), dtype_name(v.dtype), b[1]), (live.born[b], b))
     return [(0, t, tl.size(*b)) for t, b in first.values() if t > 0]  # type: ignore[arg-type]
 
 
