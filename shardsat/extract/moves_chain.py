@@ -129,7 +129,6 @@ def _unary(sg: SearchGraph, st: PlanState, chain: list[int], off: dict[int, froz
     resharding (inf if it reads the chain other than through its predecessor)."""
     choice = st.choice
     on_chain = set(chain)
-    off_sets = off
     empty: frozenset[int] = frozenset()
     # an off-chain operand's extra cost for one set of demanded layouts: the same for every
     # production that asks for them
@@ -149,7 +148,7 @@ def _unary(sg: SearchGraph, st: PlanState, chain: list[int], off: dict[int, froz
                 return math.inf
             d = op_memo.get((h, lays))
             if d is None:
-                base = off_sets.get(h, empty)
+                base = off.get(h, empty)
                 ph = choice[h]
                 d = op_memo[(h, lays)] = own(h, ph, base | frozenset(lays)) - (
                     own(h, ph, base) if base else cost_l[ph])

@@ -58,7 +58,8 @@ class SearchCache:
     # per group: a production list (a plan state's, never mutated once built) and the groups its
     # productions read, kept while the list is the one a state holds (the space moves' snapshots)
     operands: dict[int, tuple[list[int], frozenset[int]]] = field(default_factory=dict)
-    by_layout: dict[int, tuple[list[int], dict[int, list[int]]]] = field(default_factory=dict)  # the same, by_layout
+    # ... and the same list's productions by the layout they make (by_layout: the space moves)
+    by_layout: dict[int, tuple[list[int], dict[int, list[int]]]] = field(default_factory=dict)
     whole: dict[int, list[int]] | None = None  # whole_productions
 
 
