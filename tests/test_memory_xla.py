@@ -1312,3 +1312,24 @@ def test_a_loop_state_copied_in_the_body_is_free_until_the_new_value_is_written(
     _close(plan.jit()(*args), jax.jit(fn)(*args))
     temp = plan.jit().lower(*args).compile().memory_analysis().temp_size_in_bytes
     assert abs(plan.cost.memory.activations_peak / temp - 1) <= 0.02, (plan.cost.memory.activations_peak, temp)
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (2, 2, 2)])
+def test_a_branch_result_and_what_it_takes_over_live_in_the_conditionals_buffer(shape):
+    """A branch's root is the conditional's result buffer, and an elementwise root takes over
+    its dying operand: in `(x @ w.T) * 2` XLA:CPU writes the product into the conditional's
+    output allocation and scales it there (one `ynn_fusion` and `broadcast_multiply_fusion`
+    buffer). Counted beside the conditional's buffer, the product and the root read 1.154
+    (2x4) and 1.250 (2x2x2) of the compiled figure; XLA's temps are the all-to-all's pieces."""
+    def f(w, x, flag):
+        return jax.lax.cond(flag > 0, lambda x: jnp.tanh(x @ w), lambda x: (x @ w.T) * 2, x)
+
+    mesh = jax.make_mesh(shape, ("data", "model") if len(shape) == 2 else ("data", "fsdp", "model"))
+    args = (jax.random.normal(jax.random.key(0), (1024, 1024)) / 32,
+            jax.random.normal(jax.random.key(1), (4096, 1024)), jnp.int32(0))
+    plan = shardsat.saturate_and_extract(f, mesh, *args, memory_limit=None)
+    check_plan(plan, *args, rtol=1e-4)
+    ma = plan.jit().lower(*args).compile().memory_analysis()
+    assert abs(plan.cost.memory.activations_peak - ma.temp_size_in_bytes) <= 2**16
+    r = plan.cost.memory.total / plan.compiled_memory(*args)
+    assert LOW <= r <= HIGH, r

@@ -578,6 +578,15 @@ def bfs_order(seq: list[Equation], runs: list[bool]) -> list[Equation]:
     return [seq[i] for i in order] if len(order) == len(seq) else seq
 
 
+def in_region(tl: Timeline, t: int, r: int) -> bool:
+    """Does position `t` run inside region `r` (or a region nested in it)? Past the program's
+    end (where outputs are read) is no region's."""
+    q = tl.seq[t].region if t < len(tl.seq) else None
+    while q is not None and q != r:
+        q = tl.program.scans[q].parent
+    return q == r
+
+
 class PlanLiveness:
     """One plan's buffers on a Timeline: when each is made and last read."""
 
@@ -1490,4 +1499,4 @@ def blocked_scan_copies(live: PlanLiveness) -> list[tuple[int, int, int]]:
     return out
 
 
-__all__ = ["Peak", "PlanLiveness", "Timeline", "execution_order"]
+__all__ = ["Peak", "PlanLiveness", "Timeline", "execution_order", "in_region"]

@@ -17,8 +17,9 @@ from ..egraph.collectives import COLLECTIVES
 from ..egraph.export import ExportedGraph
 from ..egraph.layout import SpaceTable
 from ..egraph.program import Literal, Program
+from .branches import BranchRoots, branch_roots, taken_by_branch_results
 from .buffers import Allocation, Temp, chain_copies
-from .liveness import Buf, Key, Peak, PlanLiveness, Timeline, execution_order
+from .liveness import Buf, Key, Peak, PlanLiveness, Timeline, execution_order, in_region
 from .result import Extraction
 from .structure import heavy_roles, is_heavy
 
@@ -66,6 +67,7 @@ class MemoryModel:
         self._timeline: Timeline | None = None
         self._roles: tuple[list[bool], list[bool]] | None = None
         self._carries: list[tuple[frozenset[int], int, Key, int]] | None = None  # loop_carries
+        self._roots: BranchRoots | None = None  # branch_roots
         self._views: dict[Key, list[tuple[Buf, set[int]]]] = {}  # the last plan's views_by_value
         self.last_peak: Peak | None = None
         self.last_copied: list[int] = []  # the arguments the last `peak` copies (copy insertion)
@@ -134,6 +136,9 @@ class MemoryModel:
             grp = self.graph.value_group.get(vid)
             if k is not None and grp in ex.choices:
                 excluded.add((k, ex.choices[grp].layout))
+        if self._roots is None:
+            self._roots = branch_roots(tl)
+        excluded |= taken_by_branch_results(live, self._roots)  # they live in the conditional's buffer
         donated = {k: a for a, k in self.ties}
         copies: list[Temp] = []
         freed: list[tuple[Temp, Allocation]] = []  # copies of arguments whose buffers are then free
@@ -292,14 +297,6 @@ def loop_carries(tl: Timeline) -> list[tuple[frozenset[int], int, Key, int]]:
             if kf is not None and made in body:
                 out.append((body, start, kf, made))
     return out
-
-
-def in_region(tl: Timeline, t: int, r: int) -> bool:
-    """Does position `t` run inside region `r` (or a region nested in it)?"""
-    q = tl.seq[t].region
-    while q is not None and q != r:
-        q = tl.program.scans[q].parent
-    return q == r
 
 
 def views_by_value(live: PlanLiveness) -> dict[Key, list[tuple[Buf, set[int]]]]:
