@@ -1333,3 +1333,25 @@ def test_a_branch_result_and_what_it_takes_over_live_in_the_conditionals_buffer(
     assert abs(plan.cost.memory.activations_peak - ma.temp_size_in_bytes) <= 2**16
     r = plan.cost.memory.total / plan.compiled_memory(*args)
     assert LOW <= r <= HIGH, r
+
+
+def test_memory_peak_reads_both_peaks(tmp_path):
+    """benchmarks/memory_peak.py, the side-by-side view of the two peaks: XLA's temp heap read
+    from a dump is memory_analysis()'s temp size, and the values live at its peak are the
+    product held for the second one (2 MiB); the estimate's peak rebuilt from a plan is the
+    plan's own figure."""
+    (mp,) = _experts("memory_peak")
+    x, w = jnp.ones((512, 256)), jnp.ones((256, 1024))
+    compiled = jax.jit(lambda x, w: jnp.tanh(x @ w) @ w.T).lower(x, w).compile(compiler_options={
+        "xla_dump_to": str(tmp_path), "xla_dump_hlo_as_text": True, "xla_dump_hlo_pass_re": "^$"})
+    peak = mp.xla_peak(tmp_path)
+    assert peak.heap == compiled.memory_analysis().temp_size_in_bytes
+    assert peak.live == peak.heap  # no holes here: the product and the tanh written into it
+    assert any(v.shape.startswith("f32[512,1024]") and v.size == 2**21 for v in peak.values)
+
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    plan = shardsat.saturate_and_extract(lambda x, w: jnp.tanh(x @ w) @ w.T, mesh, x, w, memory_limit=None)
+    check_plan(plan, x, w, rtol=1e-4)
+    est, where, rows = mp.model_peak(plan)
+    assert est == plan.cost.memory.activations_peak and "position" in where
+    assert sum(size for size, _ in rows) <= est
