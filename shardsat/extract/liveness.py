@@ -587,6 +587,20 @@ def in_region(tl: Timeline, t: int, r: int) -> bool:
     return q == r
 
 
+def passed_resharded(tl: Timeline, t: int, pos: int, lid: int | None, produced: dict[Key, int]) -> bool:
+    """Is operand `pos` of the conditional's merge at `t` one its branch returns as it came in
+    (made before the branch) in another layout? XLA reshards it before the conditional and
+    holds the copy until the conditional ends, with the other operands it passes in (a switch
+    returning `x` sliced on 1x8: 2 MiB). An operand every branch returns is no result of the
+    conditional (XLA's simplifier forwards it): where it is read, it is read."""
+    e = tl.seq[t]
+    a = e.inputs[pos]
+    k = tl.key(a) if isinstance(a, int) and len(set(e.inputs[1:])) > 1 else None
+    made = tl.made_at.get(k) if k is not None else None
+    return (k is not None and lid is not None and lid != produced.get(k)
+            and not (made is not None and in_region(tl, made, e.params["cond"][pos - 1])))
+
+
 class PlanLiveness:
     """One plan's buffers on a Timeline: when each is made and last read."""
 
@@ -704,10 +718,9 @@ class PlanLiveness:
                     if isinstance(a, Literal):
                         continue
                     lid = next(lids, None)
-                    k = tl.key(a)
-                    if k is None or (e.name == "cond_merge" and pos > 0):
-                        continue
-                    k = tl.redirect.get(k, k)
+                    k = tl.redirect.get(tl.key(a), tl.key(a))  # type: ignore[arg-type]
+                    if k is None or (e.name == "cond_merge" and pos > 0 and not passed_resharded(tl, t, pos, lid, self.produced)):
+                        continue  # a branch's result is written into the conditional's buffer (branches.py)
                     whole = tl.whole_at[t][pos]
                     row.append((k, lid, whole))
                     if lid is None or lid == self.produced.get(k) or self._fused_slice(k, lid, whole):
