@@ -3,10 +3,11 @@ sum, remat, lax.scan over layers (with and without jax.checkpoint), a GNN step, 
 a conv net, an embedding's scatter-add, top-k and sort, a while loop, layer norm + GELU with
 AdamW, a cond, a vocabulary-sized cross-entropy; and loops as training code writes them:
 gradient accumulation over microbatches, several SGD steps in a fori_loop, nested scans, a cond
-inside a scan, a scanned transformer with AdamW, a checkpoint policy, a power iteration; dropout
-(an MLP, with an rbg key too, and two transformer blocks with three dropout sites each); bfloat16
-products, cast from float32 weights and on bfloat16 weights; an int8 product; and the programs of
-benchmarks/probe_models.py (normalisations, optimizers, model shapes). Each is planned
+inside a scan, a scanned transformer with AdamW, a checkpoint policy, a power iteration; conds as
+code writes them (a switch returning its operand, two results, skipping a non-finite step,
+clipping); dropout (an MLP, with an rbg key too, and two transformer blocks with three dropout
+sites each); bfloat16 products, cast from float32 weights and on bfloat16 weights; an int8
+product; and the programs of benchmarks/probe_models.py (normalisations, optimizers, model shapes). Each is planned
 free (no pins) on each mesh and compiled on 8 simulated CPU devices, measured and tabled as benchmarks/memory.py does
 (predicted / compiled per-device total: arguments + outputs not aliased + temps).
 
@@ -377,6 +378,39 @@ def int8_matmul():
         y = lax.dot_general(xq, wq, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
         return jax.nn.relu(y.astype(F32) * scale / 16)
     return f, (S((2048, 4096), jnp.int8), S((4096,), F32), S((1024, 2048), F32))
+
+
+@program
+def switch_passthrough():
+    def f(w, x, i):
+        return lax.switch(i, [lambda x: jnp.tanh(x @ w), lambda x: (x @ w.T) * 2, lambda x: x], x)
+    return f, (S((1024, 1024), F32), S((4096, 1024), F32), S((), jnp.int32))
+
+
+@program
+def cond_two_results():
+    def f(w, x, flag):
+        return lax.cond(flag > 0, lambda x: (x @ w, jnp.sum(x, 0)), lambda x: (x @ w.T + 1, jnp.max(x, 0)), x)
+    return f, (S((1024, 1024), F32), S((4096, 1024), F32), S((), jnp.int32))
+
+
+@program
+def skip_nonfinite_step():
+    def step(p, x):
+        g = jax.grad(lambda p: jnp.mean(_mlp(p, x)))(p)
+        ok = jnp.all(jnp.isfinite(g["w1"]))
+        return lax.cond(ok, lambda: jax.tree.map(lambda a, b: a - 0.1 * b, p, g), lambda: p)
+    return step, ({"w1": S((1024, 4096), F32), "w2": S((4096, 1024), F32)}, S((512, 1024), F32))
+
+
+@program
+def clip_by_cond():
+    def step(p, x):
+        g = jax.grad(lambda p: jnp.mean(_mlp(p, x) ** 2))(p)
+        n = optax.global_norm(g)
+        g = lax.cond(n > 1.0, lambda g: jax.tree.map(lambda a: a / n, g), lambda g: g, g)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+    return step, ({"w1": S((1024, 4096), F32), "w2": S((4096, 1024), F32)}, S((512, 1024), F32))
 
 
 PROGRAMS.update(probe_models.PROGRAMS)
