@@ -1324,9 +1324,15 @@ def test_a_branch_result_and_what_it_takes_over_live_in_the_conditionals_buffer(
     def f(w, x, flag):
         return jax.lax.cond(flag > 0, lambda x: jnp.tanh(x @ w), lambda x: (x @ w.T) * 2, x)
 
+    _branch_plan_matches_compiled(f, shape, 0)
+
+
+def _branch_plan_matches_compiled(f: Any, shape: tuple[int, ...], index: int) -> None:
+    """Plan `f(w, x, index)` (w 1024x1024, x 4096x1024) freely on `shape`: its numbers match
+    jax.jit's, its temps XLA's (to 64 KiB) and its total is in the band of compiled."""
     mesh = jax.make_mesh(shape, ("data", "model") if len(shape) == 2 else ("data", "fsdp", "model"))
     args = (jax.random.normal(jax.random.key(0), (1024, 1024)) / 32,
-            jax.random.normal(jax.random.key(1), (4096, 1024)), jnp.int32(0))
+            jax.random.normal(jax.random.key(1), (4096, 1024)), jnp.int32(index))
     plan = shardsat.saturate_and_extract(f, mesh, *args, memory_limit=None)
     check_plan(plan, *args, rtol=1e-4)
     ma = plan.jit().lower(*args).compile().memory_analysis()
@@ -1367,12 +1373,4 @@ def test_a_branch_returning_an_operand_in_another_layout_holds_the_resharded_cop
     def f(w, x, i):
         return jax.lax.switch(i, [lambda x: jnp.tanh(x @ w), lambda x: (x @ w.T) * 2, lambda x: x], x)
 
-    mesh = jax.make_mesh((1, 8), ("data", "model"))
-    args = (jax.random.normal(jax.random.key(0), (1024, 1024)) / 32,
-            jax.random.normal(jax.random.key(1), (4096, 1024)), jnp.int32(2))
-    plan = shardsat.saturate_and_extract(f, mesh, *args, memory_limit=None)
-    check_plan(plan, *args, rtol=1e-4)
-    ma = plan.jit().lower(*args).compile().memory_analysis()
-    assert abs(plan.cost.memory.activations_peak - ma.temp_size_in_bytes) <= 2**16
-    r = plan.cost.memory.total / plan.compiled_memory(*args)
-    assert LOW <= r <= HIGH, r
+    _branch_plan_matches_compiled(f, (1, 8), 2)
