@@ -3,9 +3,10 @@
 A branch's root is the conditional's output buffer (one HloBuffer), which the timeline holds
 from the conditional's start (Timeline.birth_time). An elementwise root also takes over an
 operand that dies where the root is made (`CanShareOperandBufferWithUser`), so that operand lives
-in the conditional's buffer too, not beside it: a branch `(x @ w) * 2` writes the product into
+in the conditional's buffer too, not beside it: a branch `(x @ w.T) * 2` writes the product into
 the conditional's result and scales it there (XLA:CPU dump: `ynn_fusion` and
-`broadcast_multiply_fusion` share the output allocation).
+`broadcast_multiply_fusion` share the output allocation). A branch that returns its operand
+in another layout reads it resharded where the conditional ends (passed_resharded).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import fusion
-from .liveness import in_region
 
 if TYPE_CHECKING:
     from .liveness import Buf, Key, PlanLiveness, Timeline
@@ -48,7 +48,7 @@ def taken_by_branch_results(live: PlanLiveness, roots: BranchRoots) -> set[Buf]:
     for t, (rk, mk, r, inplace) in roots.items():
         lid = live.produced.get(rk)
         if (lid is None or live.produced.get(mk) != lid or (rk, lid) not in live.born
-                or not in_region(tl, live.last.get((rk, lid), t), r)):
+                or not tl.in_region(live.last.get((rk, lid), t), r)):
             continue  # another layout, or the same value read outside (merged with an equal one)
         out.add((rk, lid))
         for a in tl.seq[t].inputs if inplace else ():
@@ -61,4 +61,18 @@ def taken_by_branch_results(live: PlanLiveness, roots: BranchRoots) -> set[Buf]:
     return out
 
 
-__all__ = ["BranchRoots", "branch_roots", "taken_by_branch_results"]
+def passed_resharded(tl: Timeline, t: int, pos: int, lid: int | None, produced: dict[Key, int]) -> bool:
+    """Is operand `pos` of the conditional's merge at `t` one its branch returns as it came in
+    (made before the branch) in another layout? XLA reshards it before the conditional and
+    holds the copy until the conditional ends, with the other operands it passes in (a switch
+    returning `x` sliced on 1x8: 2 MiB). An operand every branch returns is no result of the
+    conditional (XLA's simplifier forwards it): where it is read, it is read."""
+    e = tl.seq[t]
+    a = e.inputs[pos]
+    k = tl.key(a) if isinstance(a, int) and len(set(e.inputs[1:])) > 1 else None
+    made = tl.made_at.get(k) if k is not None else None
+    return (k is not None and lid is not None and lid != produced.get(k)
+            and not (made is not None and tl.in_region(made, e.params["cond"][pos - 1])))
+
+
+__all__ = ["BranchRoots", "branch_roots", "passed_resharded", "taken_by_branch_results"]

@@ -29,6 +29,7 @@ from ..egraph.layout import SpaceTable
 from ..egraph.program import Equation, Literal, Program, dtype_name, itemsize
 from ..rules.registry import rule_for
 from . import deadcode, fusion, library
+from .branches import passed_resharded
 from .buffers import Allocation, Temp, heap_peak, packed_heap, reuse_fixed, share_inplace
 from .chains import chain_transients
 from .result import Extraction, GroupChoice
@@ -231,6 +232,14 @@ class Timeline:
                 end = max(end, span[1])
             r = self.program.scans[r].parent
         return end
+
+    def in_region(self, t: int, r: int) -> bool:
+        """Does position `t` run inside region `r` (or a region nested in it)? Past the program's
+        end (where outputs are read) is no region's."""
+        q = self.seq[t].region if t < len(self.seq) else None
+        while q is not None and q != r:
+            q = self.program.scans[q].parent
+        return q == r
 
     def birth_time(self, t: int) -> int:
         """A loop's stacked outputs and final carries exist from the loop's start."""
@@ -576,29 +585,6 @@ def bfs_order(seq: list[Equation], runs: list[bool]) -> list[Equation]:
             if indeg[u] == 0:
                 ready(u)
     return [seq[i] for i in order] if len(order) == len(seq) else seq
-
-
-def in_region(tl: Timeline, t: int, r: int) -> bool:
-    """Does position `t` run inside region `r` (or a region nested in it)? Past the program's
-    end (where outputs are read) is no region's."""
-    q = tl.seq[t].region if t < len(tl.seq) else None
-    while q is not None and q != r:
-        q = tl.program.scans[q].parent
-    return q == r
-
-
-def passed_resharded(tl: Timeline, t: int, pos: int, lid: int | None, produced: dict[Key, int]) -> bool:
-    """Is operand `pos` of the conditional's merge at `t` one its branch returns as it came in
-    (made before the branch) in another layout? XLA reshards it before the conditional and
-    holds the copy until the conditional ends, with the other operands it passes in (a switch
-    returning `x` sliced on 1x8: 2 MiB). An operand every branch returns is no result of the
-    conditional (XLA's simplifier forwards it): where it is read, it is read."""
-    e = tl.seq[t]
-    a = e.inputs[pos]
-    k = tl.key(a) if isinstance(a, int) and len(set(e.inputs[1:])) > 1 else None
-    made = tl.made_at.get(k) if k is not None else None
-    return (k is not None and lid is not None and lid != produced.get(k)
-            and not (made is not None and in_region(tl, made, e.params["cond"][pos - 1])))
 
 
 class PlanLiveness:
@@ -1512,4 +1498,4 @@ def blocked_scan_copies(live: PlanLiveness) -> list[tuple[int, int, int]]:
     return out
 
 
-__all__ = ["Peak", "PlanLiveness", "Timeline", "execution_order", "in_region"]
+__all__ = ["Peak", "PlanLiveness", "Timeline", "execution_order"]

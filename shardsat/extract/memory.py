@@ -19,7 +19,7 @@ from ..egraph.layout import SpaceTable
 from ..egraph.program import Literal, Program
 from .branches import BranchRoots, branch_roots, taken_by_branch_results
 from .buffers import Allocation, Temp, chain_copies
-from .liveness import Buf, Key, Peak, PlanLiveness, Timeline, execution_order, in_region
+from .liveness import Buf, Key, Peak, PlanLiveness, Timeline, execution_order
 from .result import Extraction
 from .structure import heavy_roles, is_heavy
 
@@ -289,7 +289,7 @@ def loop_carries(tl: Timeline) -> list[tuple[frozenset[int], int, Key, int]]:
         start = tl.start.get(reg.index)
         if reg.folded or reg.kind not in ("scan", "while") or start is None:
             continue
-        body = frozenset(t for t in range(start, len(tl.seq)) if in_region(tl, t, reg.index))
+        body = frozenset(t for t in range(start, len(tl.seq)) if tl.in_region(t, reg.index))
         for cin, cout in zip(reg.carry_in, reg.carry_out, strict=True):
             kc, ko = tl.key(cin), tl.key(cout) if isinstance(cout, int) else None
             kf = tl.redirect.get(kc, kc) if kc is not None else None
