@@ -318,3 +318,29 @@ def test_plan_runs_inside_the_callers_explicit_mesh_context():
     other = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
     with jax.set_mesh(other), pytest.raises(shardsat.ShardsatError, match="not the plan's mesh"):
         plan.jit()(p, x)
+
+
+@pytest.mark.parametrize("kind", [AxisType.Explicit, AxisType.Auto])
+def test_plan_runs_inside_jit_and_grad_under_the_callers_mesh(kind):
+    # a training step jitted under jax.set_mesh calls the plan inside its trace, where set_mesh
+    # itself is refused (it raised ValueError): the plan runs with the caller's axes made Auto
+    mesh = mesh24(kind)
+
+    def fn(p, x):
+        return jnp.tanh(x @ p["w1"]) @ p["w2"]
+
+    p = {"w1": jnp.ones((128, 256)) / 64, "w2": jnp.ones((256, 64)) / 64}
+    x = jnp.linspace(-1.0, 1.0, 64 * 128).reshape(64, 128)
+    plan = shardsat.saturate_and_extract(fn, mesh, p, x, profile="h100")
+    loss = lambda f: lambda p, x: jnp.sum(f(p, x) ** 2)  # noqa: E731
+    with jax.set_mesh(mesh):
+        y = jax.jit(lambda p, x: plan.jit()(p, x) * 2.0)(p, x)
+        g = jax.jit(jax.grad(loss(plan.jit())))(p, x)
+    want = jax.grad(loss(fn))(p, x)
+    np.testing.assert_allclose(np.asarray(y), 2.0 * np.asarray(fn(p, x)), rtol=1e-5)
+    for k in p:
+        np.testing.assert_allclose(np.asarray(g[k]), np.asarray(want[k]), rtol=1e-4, atol=1e-6)
+    other = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind,) * 2)
+    if kind == AxisType.Explicit:
+        with jax.set_mesh(other), pytest.raises(shardsat.ShardsatError, match="not the plan's mesh"):
+            jax.jit(plan.jit())(p, x)

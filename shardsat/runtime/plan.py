@@ -107,6 +107,13 @@ def _needs_move(x: Any, want: Any) -> bool:
         return False
 
 
+def _trace_state_clean() -> bool:
+    """Outside every jax trace (jit, grad, vmap): where `jax.set_mesh` may be entered."""
+    from jax._src import core  # no public spelling; jax.set_mesh itself asks this
+
+    return bool(core.trace_state_clean())
+
+
 def _concrete_mesh(context: Any, runtime: Mesh) -> Mesh:
     """The caller's context mesh on the plan's devices (a context holds an abstract mesh)."""
     if tuple(context.axis_names) != tuple(runtime.axis_names) or tuple(context.axis_sizes) != tuple(
@@ -124,8 +131,10 @@ class PlannedFunction:
     plan's layout first."""
 
     def __init__(self, jitted: Any, in_shardings: tuple[Any, ...], donate_argnums: tuple[int, ...] = (),
-                 mesh: Mesh | None = None, planned: PlannedArgs | None = None, fn: Any = None) -> None:
+                 mesh: Mesh | None = None, planned: PlannedArgs | None = None, fn: Any = None,
+                 out_shardings: Any = None) -> None:
         self.jitted = jitted
+        self.out_shardings = out_shardings  # pytree of NamedSharding, as the jit's
         self.in_shardings = in_shardings
         self.donate_argnums = donate_argnums
         self.mesh = mesh  # the runtime's (Auto) mesh the plan lowers on
@@ -179,6 +188,8 @@ class PlannedFunction:
         context = jax.sharding.get_abstract_mesh()
         if self.mesh is None or context.empty:
             return self._run(self.jitted, args)
+        if not _trace_state_clean():
+            return self._run(self._traced(context), args)
         # Inside `jax.set_mesh(mesh)` (the way Explicit axes are used) the plan's constraints on
         # its Auto copy of the mesh would be type errors: it runs under its own mesh, and its
         # outputs are handed back on the caller's, where they are usable
@@ -192,9 +203,20 @@ class PlannedFunction:
             lambda y: jax.device_put(y, NamedSharding(caller, y.sharding.spec))
             if isinstance(getattr(y, "sharding", None), NamedSharding) else y, out)
 
+    def _traced(self, context: Any) -> Any:
+        """The plan as a caller's trace under `jax.set_mesh` calls it (inside jax.jit, grad or
+        vmap, where set_mesh is refused): on a mesh of Auto axes as it is; where the caller's
+        axes are Explicit, run with them Auto (`jax.sharding.auto_axes`), its outputs typed with
+        the plan's layouts on the caller's mesh, as the eager call hands them back."""
+        if self.mesh is None or not any(t == AxisType.Explicit for t in context.axis_types):
+            return self.jitted
+        _concrete_mesh(context, self.mesh)  # the plan's mesh, or a clear error
+        specs = jax.tree_util.tree_map(lambda s: s.spec, self.out_shardings)
+        return jax.sharding.auto_axes(self.jitted, out_sharding=specs)
+
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         args = self._positional(args, kwargs)
-        if self.mesh is None or jax.sharding.get_abstract_mesh().empty:
+        if self.mesh is None or jax.sharding.get_abstract_mesh().empty or not _trace_state_clean():
             return self._run(self.jitted.lower, args)
         with jax.set_mesh(self.mesh):
             return self._run(self.jitted.lower, args)
@@ -329,6 +351,7 @@ class Plan:
             self.runtime_mesh,
             expected,
             self.fn,
+            self.out_shardings,
         )
         self._jitted = f
         return f
