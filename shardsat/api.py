@@ -233,7 +233,8 @@ def _plan_cached(req: _Request, cache_dir: str | os.PathLike[str] | None) -> Pla
     if prepared.unkept:
         warnings.warn(f"shardsat drops {len(prepared.unkept)} sharding constraint(s) of `{prepared.program.name}` "
                       "that no plan on this mesh can keep:\n  " + "\n  ".join(prepared.unkept)
-                      + ("\nConsider constraining with a PartitionSpec of this mesh's axes."
+                      + ("\nConsider constraining with a PartitionSpec of this mesh's axes, listed in its order, over "
+                         "dimensions they divide."
                          if any("PRNG key" not in u for u in prepared.unkept) else ""), ConstraintWarning, stacklevel=5)
     if cache_dir is None:
         return _plan(req, prepared, start, shown)

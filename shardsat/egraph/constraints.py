@@ -1,4 +1,5 @@
-"""A user's `with_sharding_constraint` naming a mesh other than the plan's.
+"""A user's `with_sharding_constraint` naming a mesh other than the plan's, or a sharding no
+layout of the plan is.
 
 jax.jit runs such a function: on the constraint's own devices, or, where they are the plan's
 devices in another arrangement (other axis names or shape), as a pin of the devices each shard
@@ -6,7 +7,9 @@ is on. Where a layout of the plan's mesh puts the same shards on the same device
 keeps the constraint as that layout. Otherwise (other devices, or an arrangement no layout
 matches) no plan can keep it: it is dropped (the value is placed freely; values are the same,
 a constraint only places them) and the plan says so (ConstraintWarning, report, explain()).
-So is a constraint that splits a PRNG key array: plans keep key arrays replicated.
+So is a constraint that splits a PRNG key array (plans keep key arrays replicated), and one on
+the plan's mesh that no layout is: axes listed out of the mesh's order (another device order) or
+a split that does not divide (jit pads the last shard).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .layout import MeshAxes, enumerate_layouts
+from .layout import MeshAxes, enumerate_layouts, spec_to_layout
 from .program import Program, is_extended
 
 CONSTRAINT = "sharding_constraint"
@@ -29,24 +32,40 @@ def adopt_constraints(prog: Program, mesh: Mesh) -> list[str]:
     dropped = []
     for eqn in prog.equations:
         sharding = eqn.params.get("sharding") if eqn.name == CONSTRAINT else None
-        if sharding is not None and is_extended(prog.values[eqn.outputs[0]].dtype) and _splits(sharding):
+        if sharding is None:
+            continue
+        why = _unkept(sharding, prog.values[eqn.outputs[0]], eqn.params.get("unconstrained_dims"), mesh)
+        if isinstance(why, NamedSharding):
+            eqn.params = {**eqn.params, "sharding": why}
+        elif why is not None:
             eqn.params = {**eqn.params, "sharding": None}
-            dropped.append(f"with_sharding_constraint at {eqn.source}: spec {getattr(sharding, 'spec', sharding)} on a "
-                           "PRNG key array: "
-                           "plans keep key arrays replicated (the keys are the same either way); not kept")
-            continue
-        if not isinstance(sharding, NamedSharding) or _same_mesh(sharding.mesh, mesh):
-            continue
-        shape = prog.values[eqn.outputs[0]].shape
+            dropped.append(f"with_sharding_constraint at {eqn.source}: {why}")
+    return dropped
+
+
+def _unkept(sharding: Any, value: Any, free: Any, mesh: Mesh) -> str | NamedSharding | None:
+    """None where the plan keeps the constraint as it is; its equivalent on `mesh` where that
+    is another sharding; else why no plan keeps it."""
+    if is_extended(value.dtype) and _splits(sharding):
+        return (f"spec {getattr(sharding, 'spec', sharding)} on a PRNG key array: plans keep key arrays replicated "
+                "(the keys are the same either way); not kept")
+    shape = tuple(value.shape)
+    if isinstance(sharding, NamedSharding) and not _same_mesh(sharding.mesh, mesh):
         spec = _equivalent_spec(sharding, shape, mesh)
         if spec is not None:
-            eqn.params = {**eqn.params, "sharding": NamedSharding(mesh, spec)}
-            continue
-        eqn.params = {**eqn.params, "sharding": None}
-        dropped.append(f"with_sharding_constraint at {eqn.source}: {_describe(sharding)}: no layout of shape "
-                       f"{tuple(shape)} on the plan's mesh puts the same shards on the same devices; not kept, "
-                       "the value is placed freely")
-    return dropped
+            return NamedSharding(mesh, spec)
+        return (f"{_describe(sharding)}: no layout of shape {shape} on the plan's mesh puts the same shards on the "
+                "same devices; not kept, the value is placed freely")
+    spec = getattr(sharding, "spec", sharding)
+    if not isinstance(spec, PartitionSpec):
+        return None
+    # jax.jit runs what no layout of the plan is: axes out of the mesh's order (another device
+    # order), or a split that does not divide (jit pads the last shard)
+    entries = [None if d in set(free or ()) else e for d, e in enumerate(list(spec) + [None] * (len(shape) - len(spec)))]
+    lay, why = spec_to_layout(PartitionSpec(*entries[:len(shape)]), shape, MeshAxes.from_mesh(mesh))
+    if lay is not None or len(spec) > len(shape):
+        return None  # a spec longer than the rank: jax refuses it at trace time
+    return f"spec {spec} on shape {shape}: {why}; no layout of the plan is that sharding; not kept, the value is placed freely"
 
 
 def _splits(sharding: Any) -> bool:
