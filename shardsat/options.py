@@ -42,7 +42,7 @@ def check_options(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
     if not callable(fn):
         problems.append(f"fn must be callable (the function to plan), got {type(fn).__name__} {fn!r}.")
     else:
-        problems += _arity_problems(fn, example_args)
+        problems += arity_problems(fn, example_args)
     problems += example_problems(example_args)
     problems += _profile_problems(profile, mesh)
     if limits is not None and not isinstance(limits, Limits):
@@ -88,7 +88,7 @@ def check_options(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
             + "\n".join(f"  * {p}" for p in problems))
 
 
-def _arity_problems(fn: Callable[..., Any], example_args: tuple[Any, ...]) -> list[str]:
+def arity_problems(fn: Callable[..., Any], example_args: tuple[Any, ...]) -> list[str]:
     """fn takes as many positional arguments as there are examples (a common slip: one tuple
     of them, saturate_and_extract(fn, mesh, (params, x)), instead of saturate_and_extract(fn, mesh,
     params, x))."""

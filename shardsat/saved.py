@@ -35,6 +35,7 @@ from .extract.cost import CostModel
 from .extract.plancost import cost_plan
 from .extract.profile import DeviceProfile
 from .limits import Limits
+from .options import arity_problems, example_problems
 from .prepare import Prepared, prepare
 from .rules.apply import build_tables
 from .runtime.jsonout import FORMAT_VERSION, profile_digest
@@ -80,7 +81,7 @@ def plan_from_data(data: dict[str, Any], fn: Callable[..., Any], mesh: Mesh, exa
     rec = _record(data, source)
     _check_mesh(data, mesh, source)
     if prepared is None:
-        prepared = prepare(fn, mesh, example_args, rules, bool(rec["folded"]))
+        prepared = _prepare_checked(rec, fn, mesh, example_args, rules, source)
     _check_program(data, rec, prepared, rules, source)
     program = prepared.program
     spaces = SpaceTable(MeshAxes.from_mesh(mesh))
@@ -129,6 +130,33 @@ def _check_mesh(data: dict[str, Any], mesh: Mesh, source: str) -> None:
         raise SavedPlanMismatch(f"{source} was planned for mesh {want}, not this mesh {have} (the {what} differ). "
                                 f"Consider a mesh of shape {tuple(want.values())} with axes {tuple(want)}, or "
                                 "planning again for this mesh.")
+
+
+def _prepare_checked(rec: dict[str, Any], fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...],
+                     rules: Sequence[Ruleset | Rewrite], source: str) -> Prepared:
+    """The program traced for loading, the example arguments checked first: they bind to `fn`
+    and are arrays; and where tracing fails inside the user's function and the arguments' leaves
+    are not at the saved plan's paths (a pytree of another structure), that is the error."""
+    problems = arity_problems(fn, example_args) + example_problems(example_args)
+    if problems:
+        raise InvalidArgumentError(f"load_plan({source!r}, ...) got example arguments it cannot trace:\n"
+                                   + "\n".join(f"  * {p}" for p in problems))
+    try:
+        return prepare(fn, mesh, example_args, rules, bool(rec["folded"]))
+    except ShardsatError:
+        raise
+    except Exception as e:
+        saved = [item.rsplit(" ", 1)[0] for item in rec["arguments"]]
+        given = ["args" + jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(example_args)[0]]
+        if given == saved:
+            raise
+        lines = [f"  * {p}: planned, not given" for p in saved if p not in given]
+        lines += [f"  * {p}: given, not planned" for p in given if p not in saved]
+        raise SavedPlanMismatch(f"{source} was planned for example arguments of another structure (tracing `"
+                                f"{getattr(fn, '__name__', fn)}` with these failed: {type(e).__name__}: {e}):\n"
+                                + "\n".join(lines[:10] or ["  * the same leaves in another order"])
+                                + "\nConsider the example arguments the plan was made for (the same pytrees), or "
+                                "planning again for these.") from e
 
 
 def _check_program(data: dict[str, Any], rec: dict[str, Any], prepared: Prepared,

@@ -226,3 +226,23 @@ def test_bad_cache_and_multihost_options_are_named(tmp_path: Path) -> None:
         shardsat.saturate_and_extract(jnp.sin, mesh24(), S((8,)), cache_dir=tmp_path / "f")
     with pytest.raises(shardsat.InvalidArgumentError, match="multihost must be one of"):
         shardsat.saturate_and_extract(jnp.sin, mesh24(), S((8,)), multihost="each")
+
+
+def test_examples_are_checked_before_tracing(saved: Path) -> None:
+    # a wrong pytree failed inside the user's function (TypeError from `@` on a tuple); none or
+    # a string as example raised Python's TypeError from the call
+    with pytest.raises(shardsat.SavedPlanMismatch, match=r"another structure(.|\n)*args\[0\]\['a'\]: planned, not given"):
+        shardsat.load_plan(saved, f_again, mesh24(), (W["a"], W["b"]), S((16, 64)))
+    with pytest.raises(shardsat.InvalidArgumentError, match="cannot be called with the 0 example"):
+        shardsat.load_plan(saved, f_again, mesh24())
+    with pytest.raises(shardsat.InvalidArgumentError, match=r"args\[1\] is str"):
+        shardsat.load_plan(saved, f_again, mesh24(), W, "x")
+
+
+def test_save_to_a_folder_or_a_missing_one_is_refused(saved: Path, tmp_path: Path) -> None:
+    plan = shardsat.load_plan(saved, f_again, mesh24(), W, S((16, 64)))
+    for bad in (tmp_path, tmp_path / "no" / "such" / "p.json"):
+        with pytest.raises(shardsat.InvalidArgumentError, match="Cannot write the plan"):
+            plan.save(bad)
+    assert not list(tmp_path.glob(".*.tmp"))  # no half-written file left behind
+    assert plan.save(tmp_path / "p.json").is_file()
