@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ..egraph.fingerprint import fingerprint
 from ..egraph.layout import Layout, MeshAxes
 from ..egraph.program import Literal
+from ..errors import InvalidArgumentError
 from .record import RECORD_VERSION, record
 
 if TYPE_CHECKING:
@@ -258,7 +259,16 @@ def to_json(plan: Plan, indent: int | None = 2, **meta: Any) -> str:
 def write_json(plan: Plan, path: str | Path, **meta: Any) -> Path:
     """Write the plan's JSON to `path` whole or not at all (a reader never sees half a file)."""
     path = Path(path)
+    text = to_json(plan, **meta) + "\n"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(to_json(plan, **meta) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "Is a directory")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise InvalidArgumentError(
+            f"Cannot write the plan to {str(path)!r}: {e.strerror or e}. Consider a file path in an existing, writable "
+            "folder, e.g. plan.save('plan.json').") from e
     return path
