@@ -15,7 +15,7 @@ from .egraph.collectives import COLLECTIVES
 from .egraph.layout import auto_mesh
 from .egraph.program import bind
 from .egraph.rewrite import Rewrite
-from .errors import InvalidArgumentError, ShardsatError
+from .errors import InvalidArgumentError, InvalidMeshError, ShardsatError
 from .runtime.plan import Plan, on_explicit_mesh
 from .runtime.verify import widened
 
@@ -541,6 +541,9 @@ def standard_layouts(fn: Any, mesh: Any, *args: Any, state_argnums: Any = None) 
     from .pins import resolve_ties
     from .rules.apply import build_tables
 
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise InvalidMeshError(f"standard_layouts needs a jax.sharding.Mesh, got {type(mesh).__name__}. Consider the "
+                               "mesh you plan for, e.g. jax.make_mesh((2, 4), ('data', 'model')).")
     program = trace(fn, args, auto_mesh(mesh))
     adopt_constraints(program, auto_mesh(mesh))  # as planning does (the plan warns of what it drops)
     spaces = SpaceTable(MeshAxes.from_mesh(mesh))

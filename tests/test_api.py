@@ -230,6 +230,10 @@ def test_bad_arguments():
         shardsat.saturate_and_extract(jnp.sin, mesh24(), jnp.ones(8), fallback="skip")
     with pytest.raises(shardsat.ShardsatError, match="not an array"):
         shardsat.saturate_and_extract(lambda s: s, mesh24(), "text")
+    from shardsat.testing import standard_layouts
+
+    with pytest.raises(shardsat.InvalidMeshError, match="needs a jax.sharding.Mesh, got str"):
+        standard_layouts(jnp.sin, "mesh", jnp.ones(8))  # was AttributeError deep inside
 
 
 def test_sharding_constraints_inside_the_function_are_pins():
@@ -255,7 +259,7 @@ def test_constraints_jit_runs_but_no_layout_is_are_dropped_with_a_warning(spec, 
     mesh = mesh24(AxisType.Auto)
 
     def g(w, x):
-        return jax.lax.with_sharding_constraint(x @ w, NamedSharding(mesh, P(("model", "data"))))
+        return jnp.tanh(jax.lax.with_sharding_constraint(x @ w, NamedSharding(mesh, spec)))
 
     w, x = jnp.linspace(-1, 1, 64 * shape[1]).reshape(64, shape[1]), jnp.ones((shape[0], 64))
     with pytest.warns(shardsat.ConstraintWarning, match=why):
