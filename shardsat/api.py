@@ -58,7 +58,7 @@ from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
 from .options import FALLBACKS as FALLBACKS  # re-exported: it was defined here
 from .options import check_options, memory_limit_problem, multihost_problem
-from .pins import example_pins, resolve_pins, resolve_ties
+from .pins import check_tied_pins, example_pins, resolve_pins, resolve_ties
 from .prepare import FOLD_AUTO_EQUATIONS as FOLD_AUTO_EQUATIONS  # re-exported: it was defined here
 from .prepare import Prepared, prepare
 from .prepare import fold_threshold as fold_threshold
@@ -280,6 +280,7 @@ def _plan_in(req: _Request, prepared: Prepared, start: float, shown: Progress) -
     spaces = SpaceTable(MeshAxes.from_mesh(req.mesh))
     arg_pins, out_pins = resolve_pins(program, spaces, req.in_shardings, req.out_shardings, program.name)
     tie_pairs = resolve_ties(program, req.state_argnums, program.name)
+    check_tied_pins(program, spaces, arg_pins, out_pins, tie_pairs, program.name)
     graph, tables, sat, value_space, method, skipped = _saturate(req, program, spaces, deadline, shown, tie_pairs,
                                                                  _pinned(program, arg_pins, out_pins))
     t1 = time.perf_counter()

@@ -127,6 +127,25 @@ def resolve_pins(
     return arg_pins, out_pins
 
 
+def check_tied_pins(program: Program, spaces: SpaceTable, arg_pins: dict[int, frozenset[int]],
+                    out_pins: dict[int, frozenset[int]], ties: list[tuple[int, int]], fn_name: str) -> None:
+    """One error listing every state tie (state_argnums: an argument and the output it becomes
+    keep one layout) whose argument and output are pinned to layouts with none in common: no
+    plan exists, and the search would only say that some output has no layout."""
+    def specs(lids: frozenset[int]) -> str:
+        return " or ".join(sorted(str(spaces.layouts[lid].spec(spaces.mesh)) for lid in lids)[:3])
+
+    problems = []
+    for a, k in ties:
+        if a in arg_pins and k in out_pins and not arg_pins[a] & out_pins[k]:
+            problems.append(f"  * {program.arg_paths[a]} is pinned to {specs(arg_pins[a])} by in_shardings, and the "
+                            f"output it becomes, {program.out_paths[k]}, to {specs(out_pins[k])} by out_shardings")
+    if problems:
+        raise InvalidArgumentError(
+            f"Pinned shardings for `{fn_name}` conflict with its state_argnums (a state keeps one layout in and "
+            "out):\n" + "\n".join(problems) + "\nConsider one spec for both, or pinning only one of them.")
+
+
 def _warn_if_key(path: str, spec: PartitionSpec, dtype: Any) -> None:
     """A pin that splits a PRNG key array cannot hold: plans keep key arrays replicated."""
     if is_extended(dtype) and any(e is not None and e is not UNCONSTRAINED for e in spec):

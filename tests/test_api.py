@@ -161,6 +161,11 @@ def test_pins_are_hard_and_conflicts_listed():
                                       out_shardings=P(("model", "data")))
     msg = str(info.value)
     assert "args[0]" in msg and "args[1]" in msg and "out" in msg and "data=2, model=4" in msg
+    # a state's in pin and its output's pin with no layout in common: named, not a bare NoPlanError
+    step = lambda w, x: (w * 2, jnp.sum(x @ w))  # noqa: E731
+    with pytest.raises(shardsat.InvalidArgumentError, match=r"args\[0\] is pinned to P\('data',\).*out\[0\]"):
+        shardsat.saturate_and_extract(step, mesh24(), w, x, state_argnums=(0,), in_shardings=(P("data"), None),
+                                      out_shardings=(P("model"), None))
 
 
 def test_limits_stop_reasons_are_reported():
