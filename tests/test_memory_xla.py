@@ -498,23 +498,42 @@ def test_argument_copies_take_the_buffers_earlier_copies_freed():
     allocs = [Allocation(16, [(60, 90, True), (0, 0, False)]), Allocation(16, [(50, 90, True), (0, 0, False)]),
               Allocation(16, [(40, 90, True), (0, 0, False)]), Allocation(8, [(95, 99, False), (0, 0, False)])]
     copies = [Temp(16, 0, 60), Temp(16, 0, 50), Temp(16, 0, 40), Temp(8, 0, 80)]
-    left = chain_copies(list(zip(copies, allocs, strict=True)))
+    left = chain_copies([(c, a, True) for c, a in zip(copies, allocs, strict=True)])
     assert left == [copies[0], copies[3]]  # the 8-byte copy outlives every 16-byte buffer's gap
     assert (1, 50, False) in allocs[0].busy and (1, 40, False) in allocs[0].busy + allocs[1].busy
+    # an argument whose new value is gathered does not offer its buffer: XLA's gathers run at
+    # times the breadth-first order does not predict
+    allocs = [Allocation(16, [(60, 90, True), (0, 0, False)]), Allocation(16, [(50, 90, True), (0, 0, False)])]
+    copies = [Temp(16, 0, 60), Temp(16, 0, 50)]
+    assert chain_copies([(copies[0], allocs[0], False), (copies[1], allocs[1], True)]) == copies
 
 
-@pytest.mark.parametrize("expert", ["DP", "FSDP"])
-def test_copied_weights_take_the_buffers_earlier_copies_freed(expert):
-    """The MLP Adam step on 8 devices: every weight is read after nothing orders the read
+def test_copied_weights_take_the_buffers_earlier_copies_freed():
+    """The MLP Adam step on 8 devices, FSDP: every weight is read after nothing orders the read
     before its update, so XLA copies each (plainly: the update reads the copy too) and puts
     the second and third copies in the first and second weights' freed buffers. Counting
-    every copy as a temporary gave 1.022 (DP) and 1.048 (FSDP) of the compiled figure; the
-    estimate is now XLA's to the MiB."""
+    every copy as a temporary gave 1.048 of the compiled figure; the estimate is now XLA's to
+    the MiB."""
+    mlp, make_mesh = _experts("mlp", "common.make_mesh")
+
+    mesh = make_mesh((8,))
+    _, r = _expert_plan_ratio(mlp.build(1024, 4096, 4, 2048, True, mesh), mesh, "FSDP")
+    assert abs(r - 1) < 0.01, r
+
+
+@pytest.mark.parametrize("expert", ["DP+WUS", "DP"])
+def test_copies_do_not_take_the_buffers_of_weights_gathered_after_their_update(expert):
+    """The same step with the update split and each new weight gathered (DP+WUS; the DP plan
+    gathers some): XLA:CPU gathers one new weight amid the backward pass and two at its end,
+    while two copies are read to the end, so both stay in its heap. The breadth-first order put
+    each copy in a weight's freed buffer: 0.932 of the compiled total for DP+WUS, the estimate
+    low, so a memory limit accepted what does not fit. Now 1.078 (DP: 1.043; XLA chains its
+    copies there, as for FSDP, but the model cannot tell when)."""
     mlp, make_mesh = _experts("mlp", "common.make_mesh")
 
     mesh = make_mesh((8,))
     _, r = _expert_plan_ratio(mlp.build(1024, 4096, 4, 2048, True, mesh), mesh, expert)
-    assert abs(r - 1) < 0.01, r
+    assert LOW <= r <= HIGH, r
 
 
 @pytest.mark.parametrize("shape", [(8,), (2, 4)])

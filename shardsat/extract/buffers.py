@@ -6,7 +6,8 @@ After scheduling, XLA gives every buffer an allocation (`xla/service/buffer_assi
 - output and donated-argument allocations are reused by any temporary that fits in size and in
   time (an output is live from its definition to the end, a donated argument from the start to
   its last read; before and between, their memory holds temporaries, largest first); a donated
-  argument copied at the start frees its buffer, which a later argument's copy may take;
+  argument copied at the start frees its buffer, which a later argument's copy may take (unless
+  its new value is gathered, at a time our order does not predict);
 - what is left is packed by a heap simulator, largest buffer first, each at the offset of the
   smallest hole that fits it over its whole life (`GlobalDecreasingSizeBestFitHeap`, spatial
   order): the heap is the peak of the live temporaries and the holes its packing leaves (a
@@ -120,21 +121,28 @@ class _LongSpans:
         return (np.flatnonzero(~blocked) + i).tolist()
 
 
-def chain_copies(copies: list[tuple[Temp, Allocation]]) -> list[Temp]:
-    """Copies of donated arguments, each with the argument's allocation, free once the copy is
-    made. XLA makes the copies one after another at the start, so a later copy may take an
-    earlier argument's buffer where it fits in size and in time; the first cannot. Returns the
-    copies left for the other allocations and the heap."""
+def chain_copies(copies: list[tuple[Temp, Allocation, bool]]) -> list[Temp]:
+    """Copies of donated arguments, each with the argument's allocation (free once the copy is
+    made) and whether a later copy may take it. XLA makes the copies one after another at the
+    start, so a later copy may take an earlier argument's buffer where it fits in size and in
+    time; the first cannot. Not where that argument's new value is gathered from its update's
+    shards: XLA:CPU runs such gathers amid the backward pass or at its end, in an order the
+    breadth-first one does not predict (MLP4's weight-update-sharded Adam step on 8 devices
+    gathers one new weight at 96 of 127 and two at 122-123, while two of its three copies are
+    read until 111 and 118: both sit in XLA's heap, where the breadth-first order found each a
+    freed buffer, 0.932 of the compiled total), and a copy counted in a buffer it does not get
+    makes the estimate low. Returns the copies left for the other allocations and the heap."""
     left: list[Temp] = []
     free: list[Allocation] = []
-    for t, alloc in copies:
+    for t, alloc, offered in copies:
         later = Temp(t.size, t.start + 1, t.end, kept=True)  # no update writes into another's copy
         home = min((a for a in free if a.size >= t.size and a.fits(later)), key=lambda a: a.size, default=None)
         if home is None:
             left.append(t)
         else:
             home.busy.append((later.start, later.end, False))
-        free.append(alloc)
+        if offered:
+            free.append(alloc)
     return left
 
 

@@ -141,7 +141,8 @@ class MemoryModel:
         excluded |= taken_by_branch_results(live, self._roots)  # they live in the conditional's buffer
         donated = {k: a for a, k in self.ties}
         copies: list[Temp] = []
-        freed: list[tuple[Temp, Allocation]] = []  # copies of arguments whose buffers are then free
+        # copies of arguments whose buffers are then free, and whether a later copy may take that buffer
+        freed: list[tuple[Temp, Allocation, bool]] = []
         self.last_copied = []
         combined = live.combined
         end = len(tl.seq)
@@ -159,7 +160,7 @@ class MemoryModel:
                 got, free = self._donated(live, alloc, prog.args[donated[n]], b, combined)
                 self.last_copied += [donated[n]] if got else []
                 if free:
-                    freed += [(t, alloc) for t in got]
+                    freed += [(t, alloc, not self._gathered(ex, o, lid)) for t in got]
                 else:
                     copies += got
         copies += chain_copies(freed) + freed_states(live, loops, excluded)
@@ -197,6 +198,12 @@ class MemoryModel:
         late = [r2 for r in late for r2 in tl.mreaders.get(r, (r,))]
         alloc.busy.append((0, made, False))
         return [Temp(tl.size(*b), 0, min(last, max(late, default=last)), tag=b)], False
+
+    def _gathered(self, ex: Extraction, vid: int, lid: int) -> bool:
+        """Is output `vid` returned in another layout than it is made in (a weight's update made
+        split and gathered whole, as weight-update sharding does)?"""
+        grp = self.graph.value_group.get(vid)
+        return grp in ex.choices and ex.choices[grp].layout != lid
 
     def _late_readers(self, live: PlanLiveness, b: Buf, made: int, combined: tuple[tuple[int, int], ...]) -> list[int]:
         """The readers of a donated argument's buffer not provably before its new value's
