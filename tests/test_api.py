@@ -237,7 +237,7 @@ def test_bad_arguments():
         shardsat.saturate_and_extract(lambda s: s, mesh24(), "text")
     from shardsat.testing import standard_layouts
 
-    with pytest.raises(shardsat.InvalidMeshError, match="needs a jax.sharding.Mesh, got str"):
+    with pytest.raises(shardsat.InvalidMeshError, match=r"needs a jax\.sharding\.Mesh, got str"):
         standard_layouts(jnp.sin, "mesh", jnp.ones(8))  # was AttributeError deep inside
 
 
