@@ -105,6 +105,12 @@ def _check_entry(mesh: Any, multihost: str) -> None:
             f"saturate_and_extract needs a jax.sharding.Mesh, got {type(mesh).__name__}. "
             "Consider jax.make_mesh((2, 4), ('data', 'model'))."
         )
+    odd = [n for n in mesh.axis_names if not str(n).isascii()]
+    if odd:
+        raise InvalidMeshError(
+            f"saturate_and_extract: mesh axis name(s) {odd} are not ASCII, and XLA aborts the whole process on such "
+            "names when it compiles (jax.jit too, in its HLO text's unescaping). Consider ASCII names, e.g. "
+            "jax.make_mesh((2, 4), ('data', 'model')).")
     bad = multihost_problem(multihost)
     if bad:
         raise InvalidArgumentError(f"saturate_and_extract: {bad}")

@@ -239,6 +239,9 @@ def test_bad_arguments():
 
     with pytest.raises(shardsat.InvalidMeshError, match=r"needs a jax\.sharding\.Mesh, got str"):
         standard_layouts(jnp.sin, "mesh", jnp.ones(8))  # was AttributeError deep inside
+    greek = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("δ", "model"))
+    with pytest.raises(shardsat.InvalidMeshError, match="not ASCII"):  # XLA aborts the process on them
+        shardsat.saturate_and_extract(jnp.sin, greek, jnp.ones(8))
 
 
 def test_sharding_constraints_inside_the_function_are_pins():
