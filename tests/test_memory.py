@@ -181,3 +181,16 @@ def test_bytes_of_a_2_63_element_argument_do_not_overflow(data8):
     small = jnp.ones((8, 8))
     plan = shardsat.saturate_and_extract(f, data8, small, small, in_shardings=(P("data"), None), profile="h100")
     assert_equivalent(plan, f, small, small)
+
+
+def test_memory_not_met_names_the_parts_it_can_tell_apart(data8):
+    """Without state_argnums weights are not told from the batch: the message gives the
+    arguments as one part, not "parameters 0", and its parts add up to the total it names."""
+    ws, x = mlp_args(jax.random.key(0), d=64, h=64, layers=2, batch=64)
+    with pytest.raises(shardsat.NoPlanError, match="smallest plan found needs") as e:
+        shardsat.saturate_and_extract(mlp, data8, ws, x, profile="h100", memory_limit=1024)
+    msg = str(e.value)
+    assert "parameters" not in msg and "arguments" in msg
+    m = e.value.memory
+    assert f"needs {m.total:,} bytes" in msg
+    assert all(f"{n:,}" in msg for n in (m.arguments, m.outputs, m.activations_peak))

@@ -47,6 +47,16 @@ class MemoryEstimate:
         """Arguments, outputs and the peak of temporaries: XLA's argument + output - alias + temp."""
         return self.arguments + self.outputs + self.activations_peak
 
+    def parts(self) -> str:
+        """The total's parts in words, for messages. Without loop-carried state (state_argnums)
+        weights are not told from inputs, so the arguments are one part."""
+        if self.parameters or self.optimizer_state:
+            args = (f"parameters {self.parameters:,}, optimizer state {self.optimizer_state:,}, "
+                    f"other arguments {self.inputs:,}")
+        else:
+            args = f"arguments {self.inputs:,}"
+        return f"{args}, outputs {self.outputs:,}, peak intermediates {self.activations_peak:,}"
+
 
 class MemoryModel:
     """Estimates for the plans of one planned program: the program's liveness structure is

@@ -496,8 +496,7 @@ def fit_memory(
         m = smallest[1]
         raise MemoryNotMetError(smallest_plan, m,
             f"No plan fits memory_limit={limit:,} bytes per device. The smallest plan found needs "
-            f"{smallest[0]:,} bytes (parameters {m.parameters:,}, optimizer state {m.optimizer_state:,}, "
-            f"inputs {m.inputs:,}, peak intermediates {m.activations_peak:,}). Consider a larger mesh, "
+            f"{smallest[0]:,} bytes ({m.parts()}). Consider a larger mesh, "
             "a smaller batch, or memory_limit >= that."
         )
     ex, m, hi = fit
