@@ -21,6 +21,7 @@ from .errors import (
     SavedPlanMismatch,
     ShardsatError,
     StoppedEarlyError,
+    UnknownKeywordError,
     UnsupportedPrimitiveError,
 )
 from .extract.profile import PRESETS, DeviceProfile
@@ -50,6 +51,7 @@ __all__ = [
     "SignatureRule",
     "StopReason",
     "StoppedEarlyError",
+    "UnknownKeywordError",
     "UnsupportedPrimitiveError",
     "load_plan",
     "register_signature",

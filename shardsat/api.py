@@ -18,6 +18,7 @@ import numpy as np
 from egglog import Ruleset
 from jax.sharding import Mesh
 
+from .checks import known_keywords
 from .egraph.export import ExportedGraph, export
 from .egraph.layout import MeshAxes, SpaceTable
 from .egraph.narrow import narrow_spaces
@@ -116,6 +117,7 @@ def _check_entry(mesh: Any, multihost: str) -> None:
         raise InvalidArgumentError(f"saturate_and_extract: {bad}")
 
 
+@known_keywords
 def saturate_and_extract(
     fn: Callable[..., Any],
     mesh: Mesh,

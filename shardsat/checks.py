@@ -4,11 +4,20 @@ not (a phrase that completes "must be ..."), so callers can collect several into
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import math
 import numbers
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
+
+from .errors import UnknownKeywordError
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def is_bool(x: Any) -> bool:
@@ -59,3 +68,27 @@ def optional_bool_problem(label: str, x: Any) -> str | None:
     if x is None or is_bool(x):
         return None
     return f"{label} must be True, False or None, got {type(x).__name__} {x!r}. Consider {label}=True"
+
+
+def known_keywords(fn: Callable[P, R]) -> Callable[P, R]:
+    """`fn`, refusing a keyword it does not take with an UnknownKeywordError that names the
+    closest it does take: Python's own TypeError names no fix, and a misspelt option
+    (`state_argnum=`) is a common slip in a long call."""
+    params = inspect.signature(fn).parameters.values()
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return fn
+
+    @functools.wraps(fn)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            raise UnknownKeywordError(_unknown_keyword(fn.__name__, unknown[0], names))
+        return fn(*args, **kwargs)
+    return checked
+
+
+def _unknown_keyword(name: str, key: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    fix = f"Did you mean {close[0]}=?" if close else f"Consider one of: {', '.join(names)}."
+    return f"{name}() got an unexpected keyword argument {key!r}. {fix}"

@@ -38,6 +38,10 @@ class InvalidArgumentError(ShardsatError):
     """An argument to the public API is malformed."""
 
 
+class UnknownKeywordError(InvalidArgumentError, TypeError):
+    """A keyword argument the function does not take (a TypeError too, as Python's own is)."""
+
+
 class NoPlanError(ShardsatError):
     """Extraction found no plan (e.g. every plan breaks a constraint)."""
 

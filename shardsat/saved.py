@@ -27,6 +27,7 @@ import jax
 from egglog import Ruleset
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from .checks import known_keywords
 from .egraph.fingerprint import fingerprint
 from .egraph.layout import MeshAxes, SpaceTable
 from .egraph.rewrite import Rewrite
@@ -43,6 +44,7 @@ from .runtime.plan import Plan, Report
 from .runtime.record import RECORD_VERSION, Origin, decisions, digest, report_from, restore
 
 
+@known_keywords
 def load_plan(path: str | os.PathLike[str], fn: Callable[..., Any], mesh: Mesh, *example_args: Any,
               rules: Sequence[Ruleset | Rewrite] = ()) -> Plan:
     """The plan saved at `path` (plan.save, or the CLI's --json), for `fn(*example_args)` on `mesh`.

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .checks import integer, real
+from .checks import integer, known_keywords, real
 from .egraph.collectives import COLLECTIVES
 from .egraph.layout import auto_mesh
 from .egraph.program import bind
@@ -88,6 +88,7 @@ def _reference_mesh(plan: Plan, args: tuple[Any, ...]) -> Any:
 NOISE_FACTOR = 10.0
 
 
+@known_keywords
 def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any = None) -> None:
     """Run the plan and the unsharded function on `args`; compare every output leaf.
 
@@ -219,6 +220,7 @@ def _mesh(shape: tuple[int, ...]) -> Any:
                          axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
 
 
+@known_keywords
 def check_strategies(
     sig: Any,
     apply: Any,
@@ -262,6 +264,7 @@ def check_strategies(
     return failures
 
 
+@known_keywords
 def check_rule(
     rule: Any,
     *,
@@ -392,6 +395,7 @@ def _check_rule_args(rule: Any, meshes: Any, sizes: Any, max_examples: Any, max_
         raise InvalidArgumentError("check_rule: " + "; ".join(problems) + ". Consider check_rule(rule) with the defaults.")
 
 
+@known_keywords
 def check_equation_rules(fn: Any, *args: Any, mesh: Any, rtol: float = 1e-5, max_strategies: int | None = None,
                          seed: int = 0) -> list[str]:
     """Check the built-in signature of every equation `fn(*args)` traces to, on `mesh`: each
@@ -449,6 +453,7 @@ def _params_only(name: str, params: dict[str, Any], localized: Any) -> Any:
     return diff
 
 
+@known_keywords
 def check_reshard_rules(shape: tuple[int, ...], mesh: Any, dtype: Any = np.float32, seed: int = 0,
                         max_edges: int | None = None) -> list[str]:
     """Check every resharding rewrite between layouts of one (shape, dtype) on `mesh`: each
@@ -521,6 +526,7 @@ def _check_rewrite(rw: Rewrite, sizes: tuple[int, ...], max_examples: int, rtol:
     _run_property(prop, f"Rewrite `{rw.name}`", skipped)
 
 
+@known_keywords
 def standard_layouts(fn: Any, mesh: Any, *args: Any, state_argnums: Any = None) -> dict[str, tuple[Any, ...]]:
     """The standard layout families (data parallel, ZeRO-1, FSDP over every set of mesh axes,
     tensor parallel per axis with data parallel or FSDP over the rest, tensor parallel over the

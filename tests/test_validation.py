@@ -94,6 +94,18 @@ def test_options_checked_before_tracing():
         assert word in msg
 
 
+def test_a_misspelt_keyword_names_the_one_meant():
+    """Python's TypeError named no fix; the error is still a TypeError for code that catches one."""
+    with pytest.raises(shardsat.UnknownKeywordError, match=r"'state_argnum'.*Did you mean state_argnums="):
+        plan_sin(state_argnum=(0,))
+    with pytest.raises(TypeError, match=r"load_plan\(\).*'rule'.*Did you mean rules="):
+        shardsat.load_plan("plan.json", jnp.sin, mesh24(), jnp.ones(8), rule=())
+    msg = error_of(shardsat.register_signature, "sin", "i->i", flops_per_elem=1)
+    assert "Did you mean flops_per_element=" in msg
+    msg = error_of(plan_sin, zzz=1)
+    assert "Consider one of:" in msg and "priors" in msg
+
+
 @pytest.mark.parametrize("options, words", [
     (dict(memory_limit=True), ["memory_limit", "True", "whole number of bytes"]),
     (dict(memory_limit=0.5), ["memory_limit", "0.5"]),

@@ -16,6 +16,7 @@ from typing import Any
 
 from jax.experimental.custom_partitioning import custom_partitioning
 
+from ..checks import known_keywords
 from ..errors import InvalidArgumentError, InvalidSignatureError
 from . import custom
 from .primitives import EqnTypes
@@ -76,6 +77,7 @@ class SignatureRule:
         return self.signature(t.in_shapes, t.out_shapes)
 
 
+@known_keywords
 def register_signature(
     primitive: Any,
     spec: str,
