@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .layout import MeshAxes, enumerate_layouts, spec_to_layout
+from .layout import MeshAxes, constrained_spec, enumerate_layouts, spec_to_layout
 from .program import Program, is_extended
 
 CONSTRAINT = "sharding_constraint"
@@ -61,8 +61,7 @@ def _unkept(sharding: Any, value: Any, free: Any, mesh: Mesh) -> str | NamedShar
         return None
     # jax.jit runs what no layout of the plan is: axes out of the mesh's order (another device
     # order), or a split that does not divide (jit pads the last shard)
-    entries = [None if d in set(free or ()) else e for d, e in enumerate(list(spec) + [None] * (len(shape) - len(spec)))]
-    lay, why = spec_to_layout(PartitionSpec(*entries[:len(shape)]), shape, MeshAxes.from_mesh(mesh))
+    lay, why = spec_to_layout(constrained_spec(spec, len(shape), free), shape, MeshAxes.from_mesh(mesh))
     if lay is not None or len(spec) > len(shape):
         return None  # a spec longer than the rank: jax refuses it at trace time
     return f"spec {spec} on shape {shape}: {why}; no layout of the plan is that sharding; not kept, the value is placed freely"

@@ -252,6 +252,15 @@ class SpaceTable:
         return hit
 
 
+def constrained_spec(spec: PartitionSpec, rank: int, free: Any) -> PartitionSpec:
+    """The spec a with_sharding_constraint holds its value to: its `unconstrained_dims` (`free`)
+    None, so any layout may split them."""
+    dims = set(free or ())
+    if not dims:
+        return spec
+    return PartitionSpec(*[None if d in dims else e for d, e in enumerate(list(spec) + [None] * (rank - len(spec)))])
+
+
 def spec_to_layout(spec: PartitionSpec, shape: tuple[int, ...], axes: MeshAxes) -> tuple[Layout | None, str | None]:
     """The layout a PartitionSpec names, or (None, why not)."""
     if len(spec) > len(shape):

@@ -12,11 +12,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from egglog import Ruleset
-from jax.sharding import PartitionSpec
 
 from ..egraph.collectives import COLLECTIVES, NodeKind, row_params
 from ..egraph.keys import equation_key, operand_types
-from ..egraph.layout import MeshAxes, Space, SpaceTable, spec_to_layout
+from ..egraph.layout import MeshAxes, Space, SpaceTable, constrained_spec, spec_to_layout
 from ..egraph.program import Equation, Literal, Program
 from ..egraph.run import EGraphRun, SaturationReport
 from ..errors import InvalidArgumentError, UnsupportedPrimitiveError
@@ -154,8 +153,7 @@ def _constraint_filter(eqn: Equation, pin: str, info: KeyInfo, spaces: SpaceTabl
         return
     shape = info.result_spaces[0].shape
     free = set(eqn.params.get("unconstrained_dims") or ())
-    if free:
-        spec = PartitionSpec(*[None if d in free else e for d, e in enumerate(list(spec) + [None] * (len(shape) - len(spec)))])
+    spec = constrained_spec(spec, len(shape), free)
     want, why = spec_to_layout(spec, shape, spaces.mesh)
     if want is None:
         problems.append(f"  * with_sharding_constraint at {eqn.source}: shape {shape}, spec {spec}: {why}")
