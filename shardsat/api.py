@@ -8,7 +8,6 @@ import gc
 import json
 import os
 import time
-import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -33,6 +32,7 @@ from .errors import (
     MemoryLimitWarning,
     NoPlanError,
     StoppedEarlyError,
+    warn_user,
 )
 from .extract.cost import CostModel
 from .extract.families import data_parallel_fills, families, family_layouts, tensor_axis, widest_data_parallel
@@ -239,11 +239,11 @@ def _plan_cached(req: _Request, cache_dir: str | os.PathLike[str] | None) -> Pla
     prepared = prepare(req.fn, req.mesh, req.example_args, req.rules, req.fold_loops,
                        on_traced=lambda n: shown.update("traced", f"{n} equations"))
     if prepared.unkept:
-        warnings.warn(f"shardsat drops {len(prepared.unkept)} sharding constraint(s) of `{prepared.program.name}` "
-                      "that no plan on this mesh can keep:\n  " + "\n  ".join(prepared.unkept)
-                      + ("\nConsider constraining with a PartitionSpec of this mesh's axes, listed in its order, over "
-                         "dimensions they divide."
-                         if any("PRNG key" not in u for u in prepared.unkept) else ""), ConstraintWarning, stacklevel=5)
+        warn_user(f"shardsat drops {len(prepared.unkept)} sharding constraint(s) of `{prepared.program.name}` "
+                  "that no plan on this mesh can keep:\n  " + "\n  ".join(prepared.unkept)
+                  + ("\nConsider constraining with a PartitionSpec of this mesh's axes, listed in its order, over "
+                     "dimensions they divide."
+                     if any("PRNG key" not in u for u in prepared.unkept) else ""), ConstraintWarning)
     if cache_dir is None:
         return _plan(req, prepared, start, shown)
     key = req.cache_key(prepared)
@@ -386,8 +386,8 @@ def _fit_compiled(plan: Plan, limit: int, req: _Request, plan_within: Callable[[
             why = (f"No plan fits memory_limit={limit:,} bytes per device as compiled: {COMPILE_CHECKS} plans "
                    f"estimated to fit compile to more, the last to {compiled:,} bytes.")
             if req.memory_limit == "device":  # the device's own memory: warn, as _extract does
-                warnings.warn(f"{why} Returning that plan: it may not fit on {req.profile.name} devices.",
-                              MemoryLimitWarning, stacklevel=4)
+                warn_user(f"{why} Returning that plan: it may not fit on {req.profile.name} devices.",
+                          MemoryLimitWarning)
                 return plan
             raise MemoryNotMetError(plan.extraction, plan.cost.memory,
                                     f"{why} Consider a larger mesh, a smaller batch, or memory_limit >= {compiled:,}.")
@@ -436,7 +436,7 @@ def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: flo
     finally:
         run.close()
     if tables.fallbacks:
-        warnings.warn(_fallback_message(program.name, tables.fallbacks), FallbackWarning, stacklevel=7)
+        warn_user(_fallback_message(program.name, tables.fallbacks), FallbackWarning)
     return graph, tables, sat, run.value_space, method, skipped
 
 
@@ -564,8 +564,8 @@ def _extract(req: _Request, policy: SearchPolicy, problem: Problem, node_cost: n
                 # the device's own memory: a plan that does not fit is still the best answer
                 # to give, with a warning (the estimate has no rematerialisation, for one)
                 extraction, memory = e.smallest, e.memory
-                warnings.warn(f"{e} Returning that plan: it may not fit on {req.profile.name} devices.",
-                              MemoryLimitWarning, stacklevel=6)
+                warn_user(f"{e} Returning that plan: it may not fit on {req.profile.name} devices.",
+                          MemoryLimitWarning)
             extraction = full_roots(extraction)
     except NoPlanError as e:
         if sat.stop_reason == StopReason.SATURATED:

@@ -6,6 +6,21 @@ shape, mesh axis), and end with a "Consider ..." fix.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_user(message: str, category: type[Warning]) -> None:
+    """Warn at the user's line: the first frame outside shardsat, however deep in it the warning
+    is raised (a fixed stacklevel breaks whenever a call path gains or loses a frame)."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
 
 class ShardsatError(Exception):
     """Base class of every error shardsat raises on purpose."""

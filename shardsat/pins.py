@@ -5,7 +5,6 @@ collected and reported together, in the style of shard_map's errors."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import jax
@@ -14,7 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .egraph.layout import Layout, SpaceTable, spec_to_layout
 from .egraph.program import Literal, Program, is_extended
 from .egraph.ties import resolve_ties as resolve_ties  # re-exported: it was defined here
-from .errors import ConstraintWarning, InvalidArgumentError
+from .errors import ConstraintWarning, InvalidArgumentError, warn_user
 
 UNCONSTRAINED = PartitionSpec.UNCONSTRAINED
 
@@ -149,9 +148,9 @@ def check_tied_pins(program: Program, spaces: SpaceTable, arg_pins: dict[int, fr
 def _warn_if_key(path: str, spec: PartitionSpec, dtype: Any) -> None:
     """A pin that splits a PRNG key array cannot hold: plans keep key arrays replicated."""
     if is_extended(dtype) and any(e is not None and e is not UNCONSTRAINED for e in spec):
-        warnings.warn(f"{path} is a PRNG key array pinned to {spec}: shardsat plans keep key arrays replicated, "
-                      "so it is passed and returned whole (plan.in_shardings / out_shardings say so). The keys "
-                      "are the same either way.", ConstraintWarning, stacklevel=6)
+        warn_user(f"{path} is a PRNG key array pinned to {spec}: shardsat plans keep key arrays replicated, "
+                  "so it is passed and returned whole (plan.in_shardings / out_shardings say so). The keys "
+                  "are the same either way.", ConstraintWarning)
 
 
 def example_pins(example_args: tuple[Any, ...], in_shardings: Any, mesh: Any) -> Any:

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -31,7 +30,7 @@ from .checks import known_keywords
 from .egraph.fingerprint import fingerprint
 from .egraph.layout import MeshAxes, SpaceTable
 from .egraph.rewrite import Rewrite
-from .errors import InvalidArgumentError, InvalidMeshError, SavedPlanMismatch, ShardsatError
+from .errors import InvalidArgumentError, InvalidMeshError, SavedPlanMismatch, ShardsatError, warn_user
 from .extract.cost import CostModel
 from .extract.plancost import cost_plan
 from .extract.profile import DeviceProfile
@@ -260,8 +259,8 @@ def load_cached(path: Path, fn: Callable[..., Any], mesh: Mesh, example_args: tu
     try:
         return plan_from_data(read(path), fn, mesh, example_args, rules=rules, source=str(path), prepared=prepared)
     except (ShardsatError, KeyError, TypeError, ValueError, IndexError) as e:
-        warnings.warn(f"shardsat: the cached plan {path} does not load ({type(e).__name__}: {e}); planning again.",
-                      UserWarning, stacklevel=5)
+        warn_user(f"shardsat: the cached plan {path} does not load ({type(e).__name__}: {e}); planning again.",
+                  UserWarning)
         return None
 
 

@@ -105,6 +105,22 @@ def _unknown_primitive():
     return prim
 
 
+def test_warnings_point_at_the_callers_line():
+    """Each warning names the user's line, from saturate_and_extract and from load_plan alike,
+    however deep in shardsat it is raised (fixed stacklevels broke when a call gained a frame)."""
+    def f(x):  # axes out of the mesh's order: jit runs it, no layout of the plan is it
+        return jax.lax.with_sharding_constraint(jnp.sin(x), P(("model", "data")))
+
+    with pytest.warns(shardsat.ConstraintWarning) as rec:
+        shardsat.saturate_and_extract(f, mesh24(), jnp.ones((8, 8)))
+    assert [r.filename for r in rec] == [__file__]
+    key = jax.random.split(jax.random.key(0), 8)
+    with pytest.warns(shardsat.ConstraintWarning, match="PRNG key") as rec:
+        shardsat.saturate_and_extract(lambda k, x: x + jax.random.normal(k[0], x.shape), mesh24(), key,
+                                      jnp.ones((8, 8)), in_shardings=(P("data"), None))
+    assert {r.filename for r in rec} == {__file__}
+
+
 def test_unknown_primitive_falls_back_with_a_warning_or_errors_when_strict():
     prim = _unknown_primitive()
 
