@@ -513,6 +513,29 @@ def test_jit_donate_argnums_are_checked():
     assert plan.jit(donate_argnums=1).donate_argnums == (1,)  # one position, as jax.jit takes it
 
 
+def test_a_donated_array_also_passed_elsewhere_is_copied_not_donated():
+    """Regression: `plan.jit()(a, a)` with the first argument state donated a buffer the call
+    still read, and XLA crashed the process (a replicated layout over 8 devices). jax.jit runs
+    the call without donation; the plan copies the donated occurrence. So does state holding
+    one array twice."""
+    def f(s, x):
+        return s * 0.5 + x, (s * x).sum()
+
+    x = jnp.arange(512.0).reshape(16, 32) / 512
+    plan = shardsat.saturate_and_extract(f, mesh24(), x, x, state_argnums=(0,))
+    a = jnp.array(x)
+    got, want = plan.jit()(a, a), jax.jit(f)(a, a)
+    jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-6), got, want)
+    assert not a.is_deleted()  # the caller's array was not donated
+
+    def g(s):
+        return {"u": s["u"] * 2.0, "v": s["v"] + 1.0}
+
+    tied = {"u": a, "v": a}
+    plan = shardsat.saturate_and_extract(g, mesh24(), tied, state_argnums=(0,))
+    jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-6), plan.jit()(tied), jax.jit(g)(tied))
+
+
 def test_check_plan_reference_and_check_rule_options():
     from shardsat.testing import check_plan, check_rule
 

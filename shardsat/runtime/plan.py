@@ -107,6 +107,10 @@ def _needs_move(x: Any, want: Any) -> bool:
         return False
 
 
+def _concrete_array(x: Any) -> bool:
+    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+
+
 def _trace_state_clean() -> bool:
     """Outside every jax trace (jit, grad, vmap): where `jax.set_mesh` may be entered."""
     from jax._src import core  # no public spelling; jax.set_mesh itself asks this
@@ -170,13 +174,30 @@ class PlannedFunction:
         moved = [jax.device_put(x, s) if _needs_move(x, s) else x for x, s in zip(leaves, shardings, strict=True)]
         return jax.tree_util.tree_unflatten(tree, moved)
 
+    def _unshared(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The arguments, with each donated array that is also passed elsewhere in the call
+        copied: jax would donate a buffer the call still reads (`plan.jit()(a, a)` with the
+        first argument state; on a replicated layout over several devices XLA crashes the
+        process). jax.jit without donation runs such a call, so the plan does too."""
+        if not self.donate_argnums:
+            return args
+        seen = Counter(id(x) for x in jax.tree_util.tree_leaves(args) if _concrete_array(x))
+        if all(n == 1 for n in seen.values()):
+            return args
+        out = list(args)
+        for i in self.donate_argnums:
+            if i < len(out):
+                out[i] = jax.tree_util.tree_map(
+                    lambda x: jax.numpy.copy(x) if _concrete_array(x) and seen[id(x)] > 1 else x, out[i])
+        return tuple(out)
+
     def _run(self, fn: Any, args: tuple[Any, ...]) -> Any:
         """fn (the jitted function or its lower) on the prepared arguments. Shapes and dtypes are
         checked where it costs nothing per call: jit traces `planned` (which checks them) again
         for every new signature, and where jit rejects the arguments before tracing (a sharding
         that does not divide, another rank) its error gives way to the one naming the argument."""
         try:
-            return fn(*self._prepare(args))  # (moving committed arguments may fail on them too)
+            return fn(*self._unshared(self._prepare(args)))  # (moving committed arguments may fail on them too)
         except Exception:
             err = None if self.planned is None else self.planned.mismatch(*jax.tree_util.tree_flatten(args))
             if err is None:
