@@ -97,7 +97,9 @@ def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any
     bfloat16 and float16), or NOISE_FACTOR times the error of jax.jit with the arguments split
     along their first dimension where that is more: an output that the summation order alone
     moves further (an optimizer normalising a near-zero gradient) is compared with what
-    another layout gives. Raises PlanMismatchError naming the output's pytree path and its error.
+    another layout gives. A weakly typed output (made from Python scalars) must be weakly typed
+    in both: dtype promotion downstream reads it. Raises PlanMismatchError naming the output's
+    pytree path and its error.
     """
     _check_is_plan(plan, "check_plan")
     _check_rtol(rtol, allow_none=True)
@@ -116,6 +118,8 @@ def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any
     bad = []
     for n, (path, g, w) in enumerate(zip(plan.program.out_paths, gl, wl, strict=True)):
         problem, err = _leaf_problem(np.asarray(g), np.asarray(w))
+        if problem is None and _weak(g) != _weak(w):  # promotion downstream would differ
+            problem = f"weak_type {_weak(g)} vs {_weak(w)}"
         if problem is None and err is not None:
             tol = default_rtol(np.asarray(w).dtype) if rtol is None else rtol
             alt = None
@@ -133,6 +137,10 @@ def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any
             bad.append(f"  * {path}: {problem}")
     if bad:
         raise PlanMismatchError(f"Plan for `{plan.program.name}` differs from the unsharded function:\n" + "\n".join(bad))
+
+
+def _weak(x: Any) -> bool:
+    return bool(getattr(x, "weak_type", False))
 
 
 def _leaf_problem(g: np.ndarray, w: np.ndarray) -> tuple[str | None, float | None]:

@@ -11,6 +11,7 @@ from jax import lax
 from jax.experimental import io_callback
 
 import shardsat
+from shardsat.testing import check_plan
 
 
 @pytest.fixture(scope="module")
@@ -327,3 +328,21 @@ def test_while_loop_under_vmap_has_a_predicate_per_element(mesh, fn, args):
         np.testing.assert_array_equal(plan.jit()(*args), jax.jit(fn)(*args))
     else:
         assert_equivalent(plan, fn, *args)
+
+
+@pytest.mark.parametrize("case", ["scan", "while", "cond", "nested_jit"])
+def test_outputs_made_from_python_scalars_stay_weakly_typed(case):
+    """Regression: a scan carry started from 0.0, a while counter from 0, a branch returning a
+    Python scalar came back strongly typed, so `out * bf16` gave float32 where jax.jit's gives
+    bfloat16. check_plan now compares weak types too."""
+    fns = {
+        "scan": lambda x: lax.scan(lambda c, y: (c + 1.0, y), 0.0, x)[0],
+        "while": lambda x: lax.while_loop(lambda c: c[0] < 5, lambda c: (c[0] + 1, c[1] * 2), (0, x))[0],
+        "cond": lambda x: lax.cond(x[0, 0] > 0, lambda: 1.0, lambda: 2.0),
+        "nested_jit": lambda x: jax.jit(lambda: 1.0)(),
+    }
+    x = jnp.ones((16, 8))
+    plan = shardsat.saturate_and_extract(fns[case], jax.make_mesh((2, 4), ("data", "model")), x)
+    out = plan.jit()(x)
+    assert out.weak_type and (out * jnp.ones(2, jnp.bfloat16)).dtype == jnp.bfloat16
+    check_plan(plan, x)

@@ -219,6 +219,10 @@ class Program:
     aliases: dict[int, int] = field(default_factory=dict)  # value -> the value whose layout it shares
     equivalences: list[tuple[int, int]] = field(default_factory=list)  # values a rewrite proved equal
     notes: list[str] = field(default_factory=list)  # what folding saw of the named scopes (egraph/scopes.py)
+    # each flat output's weak_type under jax.jit (a scan carry started from 0.0, a Python scalar
+    # a branch returns): the runtime gives its outputs the same, so dtype promotion downstream
+    # is jax.jit's
+    out_weak: list[bool] = field(default_factory=list)
 
     def alias(self, vid: int) -> int:
         """The representative of a folded value (itself if not an alias)."""
@@ -435,6 +439,7 @@ def trace(fn: Callable[..., Any], args: Sequence[Any], mesh: Any = None) -> Prog
         out_tree=out_tree,
         arg_paths=arg_paths,
         out_paths=out_paths,
+        out_weak=[bool(getattr(v.aval, "weak_type", False)) for v in jaxpr.outvars],
         arg_counts=arg_counts,
         name=getattr(fn, "__name__", "fn"),
         scans=builder.scans,

@@ -79,8 +79,10 @@ class Interpreter:
             x = self.program.consts[info.const]  # type: ignore[index]
             top.env[vid] = self.constrain(x, self.produced[vid]) if vid in self.produced else x
         top.execute()
-        return [o.value if isinstance(o, Literal) else top.view(o, lid)  # type: ignore[arg-type]
+        outs = [o.value if isinstance(o, Literal) else top.view(o, lid)  # type: ignore[arg-type]
                 for o, lid in zip(self.program.outputs, self.root_layouts, strict=True)]
+        weak = self.program.out_weak or [False] * len(outs)
+        return [_weakly_typed(x) if w else x for x, w in zip(outs, weak, strict=True)]
 
     # -- layouts ---------------------------------------------------------------------------------
     def spec(self, lid: int) -> PartitionSpec:
@@ -413,3 +415,16 @@ def _inside(program: Program, region: int | None, s: int) -> bool:
             return True
         region = program.scans[region].parent
     return False
+
+
+def _weakly_typed(x: Any) -> Any:
+    """x, weakly typed as jax.jit's output is where the program made it from Python scalars
+    (values rebuilt from a loop or branch lose the weak type: a while counter started from 0)."""
+    if getattr(x, "weak_type", False):
+        return x
+    from jax._src.lax import lax as lax_internal  # no public spelling of a weak-type conversion
+
+    convert = getattr(lax_internal, "_convert_element_type", None)
+    x = jnp.asarray(x)
+    return x if convert is None else convert(x, x.dtype, weak_type=True)
+
