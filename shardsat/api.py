@@ -100,18 +100,30 @@ class _Request:
                          priors=self.priors if self.priors in ("auto", "families", None) else prior_fingerprint(self.priors))
 
 
+def _axis_name_problem(name: Any) -> str | None:
+    """Why no plan can shard over an axis of this name (None where it can)."""
+    if not isinstance(name, str):
+        return f"of type {type(name).__name__}, not a string (jax shards over string-named axes only)"
+    if not name:
+        return "empty (jax's shard_map reads an empty name in a spec as no axis)"
+    if not name.isascii() or "\\" in name:
+        return ("not ASCII or holding a backslash: XLA aborts the whole process on such names when it compiles "
+                "(jax.jit too, in its HLO text's unescaping)")
+    return None
+
+
 def _check_entry(mesh: Any, multihost: str) -> None:
     if not isinstance(mesh, Mesh):
         raise InvalidMeshError(
             f"saturate_and_extract needs a jax.sharding.Mesh, got {type(mesh).__name__}. "
             "Consider jax.make_mesh((2, 4), ('data', 'model'))."
         )
-    odd = [n for n in mesh.axis_names if not str(n).isascii()]
-    if odd:
+    bad = {n: why for n in mesh.axis_names if (why := _axis_name_problem(n))}
+    if bad:
         raise InvalidMeshError(
-            f"saturate_and_extract: mesh axis name(s) {odd} are not ASCII, and XLA aborts the whole process on such "
-            "names when it compiles (jax.jit too, in its HLO text's unescaping). Consider ASCII names, e.g. "
-            "jax.make_mesh((2, 4), ('data', 'model')).")
+            "saturate_and_extract: mesh axis name(s) "
+            + "; ".join(f"{n!r}: {why}" for n, why in bad.items())
+            + ". Consider short ASCII names, e.g. jax.make_mesh((2, 4), ('data', 'model')).")
     bad = multihost_problem(multihost)
     if bad:
         raise InvalidArgumentError(f"saturate_and_extract: {bad}")

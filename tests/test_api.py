@@ -255,9 +255,13 @@ def test_bad_arguments():
 
     with pytest.raises(shardsat.InvalidMeshError, match=r"needs a jax\.sharding\.Mesh, got str"):
         standard_layouts(jnp.sin, "mesh", jnp.ones(8))  # was AttributeError deep inside
-    greek = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("δ", "model"))
-    with pytest.raises(shardsat.InvalidMeshError, match="not ASCII"):  # XLA aborts the process on them
-        shardsat.saturate_and_extract(jnp.sin, greek, jnp.ones(8))
+    # XLA aborts the process on names not ASCII or with a backslash (jax.jit too); jax's shard_map
+    # reads an empty name as no axis (a pin on it gave an internal error); int names gave KeyError
+    for names, words in [(("δ", "model"), "not ASCII"), (("data", "b\\"), "backslash"), (("", "model"), "empty"),
+                         ((0, 1), "of type int, not a string")]:
+        odd = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), names)
+        with pytest.raises(shardsat.InvalidMeshError, match=words):
+            shardsat.saturate_and_extract(jnp.sin, odd, jnp.ones(8))
 
 
 def test_sharding_constraints_inside_the_function_are_pins():
