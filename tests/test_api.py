@@ -90,6 +90,24 @@ def test_arrays_committed_to_explicit_mesh_run():
     np.testing.assert_allclose(plan.jit()(w, x), f(jnp.ones((8, 8)), jnp.ones((16, 8))), rtol=1e-6)
 
 
+def test_plan_shardings_are_on_the_users_mesh():
+    """Regression: plan.in_shardings / out_shardings were on the plan's Auto copy of an Explicit
+    mesh, so an array placed with them (as examples/multihost.py places state) failed in the
+    user's own jax.jit under jax.set_mesh (context mesh Explicit, aval mesh Auto)."""
+    mesh = mesh24(AxisType.Explicit)
+
+    def f(x, w):
+        return jnp.tanh(x @ w)
+
+    x, w = jnp.ones((16, 32)), jnp.ones((32, 32)) / 32
+    plan = shardsat.saturate_and_extract(f, mesh, x, w)
+    assert all(s.mesh == mesh for s in jax.tree.leaves((plan.in_shardings, plan.out_shardings)))
+    placed = [jax.device_put(a, s) for a, s in zip((x, w), plan.in_shardings, strict=True)]
+    with jax.set_mesh(mesh):
+        np.testing.assert_allclose(jax.jit(f)(*placed), f(x, w), rtol=1e-6)
+    np.testing.assert_allclose(plan.jit()(*placed), f(x, w), rtol=1e-6)
+
+
 def _unknown_primitive():
     from jax.extend.core import Primitive
     from jax.interpreters import mlir

@@ -304,22 +304,28 @@ class Plan:
         lid = self.produced.get(vid)
         return None if lid is None else self.layouts[lid]
 
-    def _sharding(self, lid: int | None) -> NamedSharding:
+    def _sharding(self, lid: int | None, mesh: Mesh) -> NamedSharding:
         spec = PartitionSpec() if lid is None else self.layouts[lid].spec(self.axes)
-        return NamedSharding(self.runtime_mesh, spec)
+        return NamedSharding(mesh, spec)
+
+    def _in_shardings(self, mesh: Mesh) -> tuple[Any, ...]:
+        leaves = [self._sharding(lid, mesh) for lid in self.costed.assignment.arg_layouts]
+        return tuple(jax.tree_util.tree_unflatten(self.program.in_tree, leaves))
+
+    def _out_shardings(self, mesh: Mesh) -> Any:
+        leaves = [self._sharding(None if isinstance(o, Literal) else lid, mesh)
+                  for o, lid in zip(self.program.outputs, self.extraction.root_layouts, strict=True)]
+        return jax.tree_util.tree_unflatten(self.program.out_tree, leaves)
 
     @property
     def in_shardings(self) -> tuple[Any, ...]:
-        """One pytree of NamedSharding per positional argument."""
-        leaves = [self._sharding(lid) for lid in self.costed.assignment.arg_layouts]
-        return tuple(jax.tree_util.tree_unflatten(self.program.in_tree, leaves))
+        """One pytree of NamedSharding per positional argument, on the user's mesh (with its
+        axis types: arrays placed with them are usable in the user's own jit under set_mesh)."""
+        return self._in_shardings(self.mesh)
 
     @property
     def out_shardings(self) -> Any:
-        leaves = []
-        for o, lid in zip(self.program.outputs, self.extraction.root_layouts, strict=True):
-            leaves.append(self._sharding(None if isinstance(o, Literal) else lid))
-        return jax.tree_util.tree_unflatten(self.program.out_tree, leaves)
+        return self._out_shardings(self.mesh)
 
     # -- running --------------------------------------------------------------------------------
     def compiled_memory(self, *args: Any) -> int | None:
@@ -364,16 +370,9 @@ class Plan:
             return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
         planned.__name__ = f"planned_{prog.name}"
-        f = PlannedFunction(
-            jax.jit(planned, in_shardings=self.in_shardings, out_shardings=self.out_shardings,
-                    donate_argnums=tuple(donate_argnums)),
-            self.in_shardings,
-            tuple(donate_argnums),
-            self.runtime_mesh,
-            expected,
-            self.fn,
-            self.out_shardings,
-        )
+        ins, outs = self._in_shardings(self.runtime_mesh), self._out_shardings(self.runtime_mesh)
+        f = PlannedFunction(jax.jit(planned, in_shardings=ins, out_shardings=outs, donate_argnums=tuple(donate_argnums)),
+                            ins, tuple(donate_argnums), self.runtime_mesh, expected, self.fn, outs)
         self._jitted = f
         return f
 
