@@ -39,7 +39,9 @@ from .extract.families import data_parallel_fills, families, family_layouts, ten
 from .extract.memory import MemoryEstimate, MemoryModel
 from .extract.plancost import cost_plan
 from .extract.policy import (
+    MANY_AXES,
     NARROW_PAIRS,
+    NARROW_PAIRS_MANY_AXES,
     NARROW_WIDTH,
     PRIOR_MASS,
     PRIOR_PAIRS,
@@ -424,9 +426,10 @@ def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: flo
     method = req.extraction
     rulesets = [r for r in req.rules if not isinstance(r, Rewrite)]
     base, narrowed, t0 = None, 0, time.perf_counter()
-    if _narrows(req, program, spaces, rulesets):
+    prior = _prior_kind(req, program, spaces, rulesets)
+    if prior is not None:
         base = build_tables(program, spaces, req.fallback, edges=False)
-        keep = _prior_layouts(req, program, spaces, base, tie_pairs, shown)
+        keep = _prior_layouts(prior, program, spaces, base, tie_pairs, req.profile, shown)
         for vid, lids in pinned.items():
             keep[vid].update(lids)
         narrowed = narrow_spaces(program, spaces, keep, _together(program, tie_pairs))
@@ -452,19 +455,18 @@ def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: flo
     return graph, tables, sat, run.value_space, method, skipped
 
 
-def _prior_layouts(req: _Request, program: Program, spaces: SpaceTable, base: RuleTables,
-                   tie_pairs: list[tuple[int, int]], shown: Progress) -> dict[int, set[int]]:
-    """Per value, the layouts its prior keeps: the standard families' propagation ("auto",
-    "families"), or a learned prior's best-scored layouts with every family's argument layouts
-    (the search starts from them, extract/search.py)."""
-    if req.priors in ("auto", "families"):
+def _prior_layouts(prior: str, program: Program, spaces: SpaceTable, base: RuleTables,
+                   tie_pairs: list[tuple[int, int]], profile: DeviceProfile, shown: Progress) -> dict[int, set[int]]:
+    """Per value, the layouts its prior keeps: the standard families' propagation ("families"),
+    or a learned prior's best-scored layouts with every family's argument layouts (the search
+    starts from them, extract/search.py)."""
+    if prior == "families":
         shown.update("narrowing", "layouts by the standard families")
-        return propagated_layouts(program, spaces, base, CostModel(req.profile, spaces, base), tie_pairs,
-                                  NARROW_WIDTH)
+        return propagated_layouts(program, spaces, base, CostModel(profile, spaces, base), tie_pairs, NARROW_WIDTH)
     shown.update("narrowing", "layouts by the learned prior")
     keep: dict[int, set[int]] = defaultdict(set)
-    weights = resolve_prior(str(req.priors))
-    keep.update(learned_layouts(program, spaces, base, tie_pairs, req.profile, weights, PRIOR_PAIRS, PRIOR_MASS))
+    weights = resolve_prior(prior)
+    keep.update(learned_layouts(program, spaces, base, tie_pairs, profile, weights, PRIOR_PAIRS, PRIOR_MASS))
     for _, layouts in family_layouts(program, spaces, tie_pairs, base):
         for pos, lay in layouts.items():
             keep[program.args[pos]].add(spaces.layouts.intern(lay))
@@ -472,16 +474,26 @@ def _prior_layouts(req: _Request, program: Program, spaces: SpaceTable, base: Ru
 
 
 def _narrows(req: _Request, program: Program, spaces: SpaceTable, rulesets: list[Ruleset]) -> bool:
-    """Whether each value gets only its prior's layouts: with priors="auto", where the program has
-    more (value, layout) pairs than the e-graph budget allows. Never with the user's own egglog
+    """Whether each value gets only its prior's layouts (see _prior_kind)."""
+    return _prior_kind(req, program, spaces, rulesets) is not None
+
+
+def _prior_kind(req: _Request, program: Program, spaces: SpaceTable, rulesets: list[Ruleset]) -> str | None:
+    """The prior that narrows each value's layouts: "families", a learned prior ("builtin" or a
+    weights file), or None (every layout). With priors="auto", by the program's (value, layout)
+    pairs against the e-graph budget (extract/policy.py). Never with the user's own egglog
     rulesets: the values they make have no prior."""
     if req.priors is None or rulesets or len(spaces.mesh.active) < 2:
-        return False
-    if req.priors != "auto":  # "families" or a learned prior
-        return True
+        return None
+    if req.priors != "auto":
+        return str(req.priors)
     pairs = sum(len(spaces.space(v.shape, v.dtype).layouts) for vid, v in enumerate(program.values)
                 if vid not in program.aliases)  # a folded loop's repeats are planned once
-    return pairs > NARROW_PAIRS
+    if pairs > NARROW_PAIRS:
+        return "families"
+    if len(spaces.mesh.active) >= MANY_AXES and pairs > NARROW_PAIRS_MANY_AXES:
+        return "builtin"
+    return None
 
 
 def _pinned(program: Program, arg_pins: dict[int, frozenset[int]],

@@ -58,6 +58,15 @@ AGREEMENT_GROUP_WORK = 3.0
 # where the whole e-graph passes 5 M e-nodes in three iterations (api._plan also narrows where
 # a whole e-graph stops at a limit with no plan)
 NARROW_PAIRS = 200_000
+# ... and on meshes of MANY_AXES or more axes, where a value has hundreds of layouts (a rank-4
+# attention tensor on 2x2x2x2: 1,273) and the e-graph grows with their square, it narrows beyond
+# NARROW_PAIRS_MANY_AXES pairs by the learned prior (below). Measured on 2x2x2x2, whole /
+# learned, the same plan in all five: dot_product_attention 28k pairs, 15.5 / 10.9 s; its
+# block's gradient 102k, 49.2 / 23.3 s; a soft-MoE gradient 37k, 26.4 / 12.4 s; a 6-layer MLP
+# Adam step 75k, 11.3 / 5.5 s; a conv net's gradient 23k, 6.9 / 6.1 s. The families'
+# narrowing is faster but lost 2.3x on the MoE gradient (52.95 us against 23.05)
+MANY_AXES = 4
+NARROW_PAIRS_MANY_AXES = 20_000
 # ... keeping the layouts of each equation's NARROW_WIDTH cheapest strategies under each family's
 # propagation (extract/propagate.py). That GPT step on 2x2x2x2: 637 ms at width 2 (796k e-nodes),
 # 688 ms at width 1 (506k); on 2x2x2 narrowed (priors="families"): 1.010x and 1.043x the whole
