@@ -12,8 +12,12 @@ limit; its best plan and the optimality gap are reported.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -322,8 +326,30 @@ def _milp(rows: _Rows, cols: _Columns, cost: np.ndarray, big: float, time_limit:
     constraints = [rows.constraint(nvar)]
     if incumbent is not None and incumbent > 0:
         constraints.append(LinearConstraint(cost * scale, -np.inf, incumbent * scale * (1 - CUTOFF)))
-    return milp(cost * scale, integrality=integrality, bounds=Bounds(lb, ub), constraints=constraints,
-                options={"time_limit": max(0.1, time_limit), "disp": False})
+    with _quiet_stdout():
+        return milp(cost * scale, integrality=integrality, bounds=Bounds(lb, ub), constraints=constraints,
+                    options={"time_limit": max(0.1, time_limit), "disp": False})
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """File descriptor 1 sent to the null device: HiGHS prints some lines with printf whatever
+    its log options (`HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();`
+    when it finds a solution), onto the user's console. Python's own sys.stdout is flushed
+    first, so nothing printed before is lost."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError, AttributeError):  # no file descriptor 1 to redirect
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _group_rank(g: ExportedGraph, nodes_of: list[list[int]], kids: list[np.ndarray]) -> np.ndarray:
