@@ -151,8 +151,11 @@ def compare(want: Any, got: Any, paths: list[str], tol: str) -> list[str]:
     bad = []
     for i, (w, g) in enumerate(zip(wl, gl, strict=True)):
         path = paths[i] if i < len(paths) else f"leaf {i}"
+        weak = (bool(getattr(g, "weak_type", False)), bool(getattr(w, "weak_type", False)))
         w, g = np.asarray(w), np.asarray(g)
-        if w.shape != g.shape or w.dtype != g.dtype:
+        if weak[0] != weak[1]:  # dtype promotion downstream reads it
+            bad.append(f"{path}: plan weak_type {weak[0]}, jax.jit {weak[1]}")
+        elif w.shape != g.shape or w.dtype != g.dtype:
             bad.append(f"{path}: plan {g.dtype}{list(g.shape)}, jax.jit {w.dtype}{list(w.shape)}")
         elif w.size and (w.dtype == bool or np.issubdtype(w.dtype, np.integer)):
             n = int(np.sum(g != w))
