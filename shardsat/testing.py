@@ -334,6 +334,7 @@ def check_rule(
             sig = rule.signature([tuple(x.shape) for x in operands], [tuple(o.shape) for o in outs_l])
             failures = check_strategies(sig, apply, operands, _mesh(mesh_shape), rng, name=rule.name,
                                         rtol=rtol, max_strategies=max_strategies)
+            failures += _pin_failures(rule, apply, operands)
         except RuleCheckError:
             raise
         except Exception as e:  # the primitive or the rule fails on these shapes: a counterexample too
@@ -345,6 +346,20 @@ def check_rule(
                                  + ("\nConsider declaring the factor as a reduction or need-replication factor."))
 
     _run_property(run, f"Rule `{rule.name}`", [])
+
+
+def _pin_failures(rule: Any, apply: Any, operands: list[Any]) -> list[str]:
+    """A rule registered with pin= is lowered as its operand, placed (runtime/lower.py): the
+    primitive must return its first operand unchanged."""
+    from .rules.registry import rule_for
+
+    if rule_for(rule.primitive).pin is None:
+        return []
+    got, want = np.asarray(apply(*operands)), np.asarray(operands[0])
+    if got.shape == want.shape and np.allclose(got, want, rtol=0, atol=0):
+        return []
+    return [f"registered with pin={rule_for(rule.primitive).pin!r}, so plans return its operand unchanged, but "
+            f"`{rule.name}` changes it (shape {want.shape} -> {got.shape}). Consider register_signature(...) without pin="]
 
 
 def _first_line(e: BaseException) -> str:

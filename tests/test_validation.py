@@ -560,3 +560,32 @@ def test_functions_returning_no_arrays_plan_to_nothing(extraction):
     for fn, want in ((lambda x: 3, 3), (lambda x: None, None)):  # a ValueError in the exact extractor
         plan = shardsat.saturate_and_extract(fn, mesh24(), jnp.ones(8), extraction=extraction)
         assert plan.jit()(jnp.ones(8)) == want and plan.cost.total_s == 0.0
+
+
+def _computing_primitive(name, with_param):
+    """A primitive that computes x * x; with a `sharding` param or without."""
+    from jax.extend.core import Primitive
+    from jax.interpreters import mlir
+
+    prim = Primitive(name)
+    prim.def_impl(lambda x, **_: x * x)
+    prim.def_abstract_eval(lambda x, **_: jax.core.ShapedArray(x.shape, x.dtype))
+    mlir.register_lowering(prim, mlir.lower_fun(lambda x, **_: x * x, multiple_results=False))
+    return prim, ({"sharding": None} if with_param else {})
+
+
+def test_a_pin_flag_on_an_op_that_computes_is_refused_or_caught():
+    """Regression: register_signature(..., pin="sharding") on an op that computes made the plan
+    return its operand (a pin is lowered as its operand, placed): wrong numbers, and check_rule
+    passed. Now planning refuses a pin param the equation lacks, and check_rule checks that a pin
+    returns its operand unchanged."""
+    from shardsat.testing import RuleCheckError, check_rule
+
+    prim, params = _computing_primitive("test_sq_no_param", with_param=False)
+    shardsat.register_signature(prim, "b d -> b d", pin="sharding")
+    with pytest.raises(shardsat.InvalidSignatureError, match="has no param 'sharding'"):
+        shardsat.saturate_and_extract(lambda x, w: prim.bind(x @ w), mesh24(), jnp.ones((16, 8)), jnp.ones((8, 8)))
+    prim, params = _computing_primitive("test_sq_param", with_param=True)
+    rule = shardsat.register_signature(prim, "b d -> b d", pin="sharding")
+    with pytest.raises(RuleCheckError, match="plans return its operand unchanged"):
+        check_rule(rule, params=params, max_examples=2, meshes=((2, 4),), sizes=(2, 8))

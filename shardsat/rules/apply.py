@@ -18,7 +18,7 @@ from ..egraph.keys import equation_key, operand_types
 from ..egraph.layout import MeshAxes, Space, SpaceTable, constrained_spec, spec_to_layout
 from ..egraph.program import Equation, Literal, Program
 from ..egraph.run import EGraphRun, SaturationReport
-from ..errors import InvalidArgumentError, UnsupportedPrimitiveError
+from ..errors import InvalidArgumentError, InvalidSignatureError, UnsupportedPrimitiveError
 from ..limits import Limits
 from . import custom, generic
 from .primitives import EqnTypes, replicated
@@ -224,6 +224,11 @@ def _whole_info(key: str, eqn: Equation, t: EqnTypes, prog: Program, spaces: Spa
     info = _key_info(key, eqn, t, op_spaces, res_spaces, spaces, fallback, seen)
     pin = rule_for(eqn.primitive).pin
     if pin is not None:
+        if pin not in eqn.params:  # the runtime would return the operand for an op that computes
+            raise InvalidSignatureError(
+                f"`{eqn.primitive}` at {eqn.source} is registered with pin={pin!r}, but it has no param {pin!r} (its "
+                f"params: {sorted(eqn.params)}). A pin is an op that returns its operand as it is, placed by that "
+                "param's sharding; the plan would skip it. Consider register_signature(...) without pin=.")
         _constraint_filter(eqn, pin, info, spaces, problems)
     return info
 
