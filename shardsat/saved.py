@@ -225,7 +225,12 @@ def _pins_text(pins: Any) -> str:
 
 
 def _rule_text(r: Any) -> str:
-    return f"rewrite:{r.name}" if isinstance(r, Rewrite) else f"ruleset:{getattr(r, 'name', None) or type(r).__name__}"
+    """A rule as a cache key names it: a Rewrite by its name, an egglog ruleset by its own name
+    (`ruleset(name=...)`, its `ident`: every ruleset was keyed "ruleset:Ruleset" before, so
+    a plan made with one was loaded for another). Two rulesets of one name are one key."""
+    if isinstance(r, Rewrite):
+        return f"rewrite:{r.name}"
+    return f"ruleset:{type(r).__name__}:{getattr(r, 'ident', None) or getattr(r, 'name', None) or repr(r)}"
 
 
 def cache_key(program_digest: str, mesh: Mesh, profile: DeviceProfile, *, limits: Limits, fallback: str,

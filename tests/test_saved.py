@@ -246,3 +246,20 @@ def test_save_to_a_folder_or_a_missing_one_is_refused(saved: Path, tmp_path: Pat
             plan.save(bad)
     assert not list(tmp_path.glob(".*.tmp"))  # no half-written file left behind
     assert plan.save(tmp_path / "p.json").is_file()
+
+
+
+def test_cache_dir_keys_each_egglog_ruleset_by_its_name(tmp_path: Path) -> None:
+    """Regression: every egglog ruleset was keyed "ruleset:Ruleset", so a plan made with one was
+    loaded for another (a helper's rule-author hunt: a no-op ruleset's plan returned for one
+    that makes resharding free, a cheaper plan)."""
+    from egglog import ruleset
+
+    def f(x, w1, w2):
+        return jnp.tanh(x @ w1) @ w2
+
+    args = (jnp.ones((64, 32)), jnp.ones((32, 128)) / 32, jnp.ones((128, 32)) / 128)
+    plans = [shardsat.saturate_and_extract(f, mesh24(), *args, rules=[ruleset(name=name)], cache_dir=tmp_path)
+             for name in ("rules_a", "rules_b", "rules_a")]
+    assert [p.report.loaded_from is not None for p in plans] == [False, False, True]
+    check_plan(plans[2], *args)
