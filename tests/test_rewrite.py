@@ -105,3 +105,24 @@ def test_rewrites_in_folded_layers():
     assert plan.program.scans and len(plan.program.equivalences) == 6
     assert (256, 256) not in dots_run(plan)
     assert_equivalent(plan, net, ps, x, rtol=1e-4)
+
+
+def test_a_rewrite_and_its_inverse_plan_a_program_that_runs():
+    """Regression: with `a @ (b @ c) -> (a @ b) @ c` and its inverse, the two sides of a rewrite
+    were equations of one kind, `(x @ a) @ b` and `x @ (a @ b)`; lowering ran the first while the
+    plan computed the second, and `x @ a` was never made (KeyError at plan.jit()). The equation
+    run is now the one reading what the plan's production reads."""
+    e3 = (jax.ShapeDtypeStruct((2, 3), jnp.float32), jax.ShapeDtypeStruct((3, 4), jnp.float32),
+          jax.ShapeDtypeStruct((4, 5), jnp.float32))
+    left = shardsat.Rewrite("left_assoc", lambda a, b, c: a @ (b @ c), lambda a, b, c: (a @ b) @ c, example_args=e3)
+    right = shardsat.Rewrite("right_assoc", lambda a, b, c: (a @ b) @ c, lambda a, b, c: a @ (b @ c), example_args=e3)
+
+    def chain(x, a, b, c):
+        return x @ (a @ (b @ c))
+
+    k = jax.random.split(jax.random.key(0), 4)
+    args = (jax.random.normal(k[0], (128, 64)), jax.random.normal(k[1], (64, 64)) / 8,
+            jax.random.normal(k[2], (64, 4)) / 8, jax.random.normal(k[3], (4, 64)) / 2)
+    for rules in ([left, right], [right, left]):
+        plan = shardsat.saturate_and_extract(chain, jax.make_mesh((2, 4), ("data", "model")), *args, rules=rules)
+        assert_equivalent(plan, chain, *args, rtol=1e-4)

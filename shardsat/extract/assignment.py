@@ -87,15 +87,34 @@ def _chosen_base(g: ExportedGraph, ex: Extraction, grp: int) -> str | None:
     return None if key is None else key.rpartition("#")[0]
 
 
+def _chosen_reads(g: ExportedGraph, ex: Extraction, grp: int) -> tuple[int, ...] | None:
+    """The value groups the chosen production of `grp` reads, in operand order."""
+    ch = ex.choices.get(grp)
+    return None if ch is None else tuple(int(g.class_group[c]) for c in g.children(ch.node))
+
+
+def _operand_groups(prog: Program, g: ExportedGraph, v: int) -> tuple[int, ...] | None:
+    """The value groups the equation producing `v` reads (literals left out), as _chosen_reads."""
+    eqn = prog.values[v].producer
+    if eqn is None:
+        return None
+    ins = [a for a in prog.equations[eqn].inputs if isinstance(a, int)]
+    groups = [g.value_group.get(prog.alias(a)) for a in ins]
+    return None if any(x is None for x in groups) else tuple(int(x) for x in groups)  # type: ignore[arg-type]
+
+
 def _canon(prog: Program, g: ExportedGraph, tables: RuleTables, ex: Extraction) -> dict[int, int]:
     """Values the e-graph proved equal (identical equations, or a rewrite's two sides) are
-    computed once, by an equation of the production the plan chose; only within one region: a
-    scan body recomputes per iteration."""
+    computed once, by an equation of the production the plan chose: of its kind, and of those
+    the one reading the production's operands (two sides of a rewrite may be equations of one
+    kind, `(x @ a) @ b` and `x @ (a @ b)`, and only one reads what the plan computes); only
+    within one region: a scan body recomputes per iteration."""
     canon: dict[int, int] = {}
     for grp, vids in enumerate(g.group_values):
         chosen = _chosen_base(g, ex, grp)
+        reads = _chosen_reads(g, ex, grp)
         first: dict[int | None, int] = {}
-        for v in sorted(vids, key=lambda v: (_base_key(tables, v) != chosen, v)):
+        for v in sorted(vids, key=lambda v: (_base_key(tables, v) != chosen, _operand_groups(prog, g, v) != reads, v)):
             canon[v] = first.setdefault(prog.values[v].region, v)
     for scan in prog.scans:  # a replayed repeat's value is computed once like its body value
         if scan.folded:
@@ -113,7 +132,8 @@ def _runs(prog: Program, g: ExportedGraph, tables: RuleTables, spaces: SpaceTabl
     runs: list[EqnRun] = []
     done: set[int] = set()
     for eqn in prog.equations:
-        if eqn.outputs and all(canon.get(o, o) in done for o in eqn.outputs):
+        # an equal value's own equation computes it (see _canon), or one did already
+        if eqn.outputs and all(canon.get(o, o) in done or canon.get(o, o) != o for o in eqn.outputs):
             continue
         if eqn.effects and not eqn.outputs:  # a debug print: run on whole operands
             ins = tuple(spaces.space(prog.values[a].shape, prog.values[a].dtype).layouts[0]
