@@ -126,3 +126,19 @@ def test_a_rewrite_and_its_inverse_plan_a_program_that_runs():
     for rules in ([left, right], [right, left]):
         plan = shardsat.saturate_and_extract(chain, jax.make_mesh((2, 4), ("data", "model")), *args, rules=rules)
         assert_equivalent(plan, chain, *args, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rhs, words", [
+    (lambda a: a.T * 2.0, "its lhs gives float32[32, 16] there, its rhs float32[16, 32]"),
+    (lambda a: a + a * jnp.ones((4, 4)), "its rhs fails on them: TypeError"),
+])
+def test_a_rewrite_whose_rhs_fits_only_its_examples_is_named(rhs, words):
+    """Regression: an rhs right on square example_args but not on the (32, 16) match panicked
+    inside egglog (an illegal merge), and one that fails to trace there raised the user's raw
+    error; both are an InvalidArgumentError naming the rewrite and the operand shapes."""
+    rw = shardsat.Rewrite("square_only", lambda a: a * 2.0, rhs,
+                          example_args=(jax.ShapeDtypeStruct((4, 4), jnp.float32),))
+    with pytest.raises(shardsat.InvalidArgumentError, match=r"Rewrite `square_only` matched at operand shapes \[\(32, 16\)\]") as e:
+        shardsat.saturate_and_extract(lambda a: jnp.sin(a * 2.0), jax.make_mesh((2, 4), ("data", "model")),
+                                      jnp.ones((32, 16)), rules=[rw])
+    assert words in str(e.value)

@@ -197,6 +197,27 @@ def apply_rewrites(prog: Program, rewrites: Sequence[Rewrite], rounds: int = 3) 
     return prog
 
 
+def _rhs_jaxpr(rw: Rewrite, prog: Program, operands: list[Atom], out: int) -> Any:
+    """The rhs traced on one match's operands; a clear error naming the rewrite where it fails
+    there or gives another type than the lhs it replaces (example_args of other shapes can hide
+    both: a transpose of a square example; the e-graph panicked on the merge)."""
+    avals = [_aval(prog, a) for a in operands]
+    where = f"Rewrite `{rw.name}` matched at operand shapes {[tuple(getattr(a, 'shape', ())) for a in avals]}"
+    try:
+        closed = jax.make_jaxpr(rw.rhs)(*avals)
+    except Exception as e:
+        raise InvalidArgumentError(f"{where}, but its rhs fails on them: {type(e).__name__}: {str(e).strip().rstrip('.')}. Consider an rhs "
+                                   "valid for every shape the lhs matches, and example_args of other shapes.") from e
+    want = prog.values[out]
+    got = closed.out_avals
+    if len(got) != 1 or tuple(got[0].shape) != tuple(want.shape) or got[0].dtype != want.dtype:
+        shown = ", ".join(f"{a.dtype}{list(a.shape)}" for a in got)
+        raise InvalidArgumentError(f"{where}: its lhs gives {want.dtype}{list(want.shape)} there, its rhs {shown}. "
+                                   "Consider an rhs equal to the lhs for every shape, and example_args that are not "
+                                   "square where a transpose could hide it.")
+    return closed
+
+
 def _insert(prog: Program, inserts: dict[int, list[tuple[Rewrite, list[Atom], int]]]) -> Program:
     b = _Builder()
     b.values = list(prog.values)
@@ -206,7 +227,7 @@ def _insert(prog: Program, inserts: dict[int, list[tuple[Rewrite, list[Atom], in
         order.append(e)
         for rw, operands, out in inserts.get(e.index, ()):
             b.equations = []
-            closed = jax.make_jaxpr(rw.rhs)(*[_aval(prog, a) for a in operands])
+            closed = _rhs_jaxpr(rw, prog, operands, out)
             if closed.consts:
                 raise InvalidArgumentError(f"Rewrite `{rw.name}`: rhs may not close over arrays.")
             env = dict(zip(closed.jaxpr.invars, operands, strict=True))
