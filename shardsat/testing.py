@@ -13,7 +13,7 @@ import numpy as np
 from .checks import integer, known_keywords, real
 from .egraph.collectives import COLLECTIVES
 from .egraph.layout import auto_mesh
-from .egraph.program import bind
+from .egraph.program import bind, is_extended
 from .egraph.rewrite import Rewrite
 from .errors import InvalidArgumentError, InvalidMeshError, ShardsatError
 from .runtime.plan import Plan, on_explicit_mesh
@@ -422,23 +422,30 @@ def _check_rule_args(rule: Any, meshes: Any, sizes: Any, max_examples: Any, max_
 def check_equation_rules(fn: Any, *args: Any, mesh: Any, rtol: float = 1e-5, max_strategies: int | None = None,
                          seed: int = 0) -> list[str]:
     """Check the built-in signature of every equation `fn(*args)` traces to, on `mesh`: each
-    strategy runs on shards and is compared with the unsharded equation. Returns failures."""
-    from .egraph.program import Literal, trace
+    strategy runs on shards and is compared with the unsharded equation. Returns failures.
+    Equations inside loops and branches, and those reading their results, are not checked (their
+    operands are known only by running the loop); nor are those on PRNG key arrays (plans keep
+    them replicated)."""
+    from .egraph.program import SCAN_PSEUDO, Literal, trace
     from .rules.apply import _eqn_types, signature_for
     from .runtime.verify import localized
 
+    _check_mesh(mesh, "check_equation_rules")
     prog = trace(fn, args)
     env: dict[int, Any] = {}
     flat = jax.tree_util.tree_leaves(args)
     for vid, x in zip(prog.args, flat, strict=True):
-        env[vid] = np.asarray(x)
+        env[vid] = _host(x)
     for vid in prog.const_values:
-        env[vid] = np.asarray(prog.consts[prog.values[vid].const])
+        env[vid] = _host(prog.consts[prog.values[vid].const])
     rng = np.random.default_rng(seed)
     failures: list[str] = []
     for eqn in prog.equations:
         ins = [a for a in eqn.inputs if not isinstance(a, Literal)]
+        if eqn.region is not None or eqn.name in SCAN_PSEUDO or any(a not in env for a in ins):
+            continue
         operands = [env[a] for a in ins]
+        keys = any(is_extended(prog.values[v].dtype) for v in (*ins, *eqn.outputs))
 
         def apply(*xs: Any, _eqn: Any = eqn, **kw: Any) -> Any:
             it = iter(xs)
@@ -454,15 +461,26 @@ def check_equation_rules(fn: Any, *args: Any, mesh: Any, rtol: float = 1e-5, max
 
         sig2 = replace(sig, operands=tuple(sig.operands[i] for i in keep),
                        linear=tuple(tuple(remap[i] for i in grp) for grp in sig.linear if all(i in remap for i in grp)))
-        if not any(0 in shape for shape in (*t.in_shapes, *t.out_shapes)):  # else: replicated by rule
+        if not keys and not any(0 in shape for shape in (*t.in_shapes, *t.out_shapes)):  # else: replicated
             failures += check_strategies(sig2, apply, operands, mesh, rng, name=f"{eqn.name} at {eqn.source}",
                                          params_for=_params_only(eqn.name, eqn.params, localized), rtol=rtol,
                                          max_strategies=max_strategies)
         outs = apply(*[jax.numpy.asarray(x) for x in operands])
         outs = outs if isinstance(outs, list) else [outs]
         for o, v in zip(eqn.outputs, outs, strict=True):
-            env[o] = np.asarray(v)
+            env[o] = _host(v)
     return failures
+
+
+def _check_mesh(mesh: Any, what: str) -> None:
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise InvalidMeshError(f"{what} needs a jax.sharding.Mesh, got {type(mesh).__name__}. Consider the "
+                               "mesh you plan for, e.g. jax.make_mesh((2, 4), ('data', 'model')).")
+
+
+def _host(x: Any) -> Any:
+    """A value as check_equation_rules keeps it: numpy, but PRNG key arrays as they are."""
+    return x if is_extended(getattr(x, "dtype", None)) else np.asarray(x)
 
 
 def _params_only(name: str, params: dict[str, Any], localized: Any) -> Any:
@@ -478,13 +496,17 @@ def _params_only(name: str, params: dict[str, Any], localized: Any) -> Any:
 
 @known_keywords
 def check_reshard_rules(shape: tuple[int, ...], mesh: Any, dtype: Any = np.float32, seed: int = 0,
-                        max_edges: int | None = None) -> list[str]:
+                        max_edges: int | None = None, rtol: float | None = None) -> list[str]:
     """Check every resharding rewrite between layouts of one (shape, dtype) on `mesh`: each
-    collective, as the runtime lowers it, must leave the value unchanged."""
+    collective, as the runtime lowers it, must leave the value unchanged, within `rtol` (default:
+    the dtype's, `default_rtol`: a sum of pending parts moves bfloat16 by an ulp)."""
     from .egraph.layout import MeshAxes, SpaceTable
     from .rules.reshard import reshard_edges
     from .runtime.verify import check_collective
 
+    _check_mesh(mesh, "check_reshard_rules")
+    _check_rtol(rtol, allow_none=True)
+    tol = default_rtol(dtype) if rtol is None else rtol
     axes = MeshAxes.from_mesh(mesh)
     spaces = SpaceTable(axes)
     sp = spaces.space(tuple(shape), np.dtype(dtype))
@@ -496,7 +518,7 @@ def check_reshard_rules(shape: tuple[int, ...], mesh: Any, dtype: Any = np.float
     failures = []
     for e in edges:
         err = check_collective(e, x, spaces.layouts.layouts, axes, mesh, rng)
-        if not err <= 1e-5:
+        if not err <= tol:
             failures.append(f"{e.kind.name} over {axes.label(e.axes)} from {spaces.layouts[e.src].describe(axes)} to "
                             f"{spaces.layouts[e.dst].describe(axes)} on shape {shape}: relative error {err:.3g}")
     return failures
@@ -570,9 +592,7 @@ def standard_layouts(fn: Any, mesh: Any, *args: Any, state_argnums: Any = None) 
     from .pins import resolve_ties
     from .rules.apply import build_tables
 
-    if not isinstance(mesh, jax.sharding.Mesh):
-        raise InvalidMeshError(f"standard_layouts needs a jax.sharding.Mesh, got {type(mesh).__name__}. Consider the "
-                               "mesh you plan for, e.g. jax.make_mesh((2, 4), ('data', 'model')).")
+    _check_mesh(mesh, "standard_layouts")
     program = trace(fn, args, auto_mesh(mesh))
     adopt_constraints(program, auto_mesh(mesh))  # as planning does (the plan warns of what it drops)
     spaces = SpaceTable(MeshAxes.from_mesh(mesh))

@@ -589,3 +589,25 @@ def test_a_pin_flag_on_an_op_that_computes_is_refused_or_caught():
     rule = shardsat.register_signature(prim, "b d -> b d", pin="sharding")
     with pytest.raises(RuleCheckError, match="plans return its operand unchanged"):
         check_rule(rule, params=params, max_examples=2, meshes=((2, 4),), sizes=(2, 8))
+
+
+def test_rule_checks_take_loops_branches_keys_and_bfloat16():
+    """Regression (a helper's rule-author hunt): check_equation_rules raised KeyError on a scan,
+    NotImplementedError on a cond and TypeError on a PRNG key argument; both checks took any
+    mesh (AttributeError on None or a string); check_reshard_rules judged bfloat16 by 1e-5 (5 of
+    10 edges "failed" by an ulp of summation order). The equations it can run are checked (a
+    wrong built-in rule is still found: test_rules.py); the others are skipped."""
+    from shardsat.testing import check_equation_rules, check_reshard_rules
+
+    x, w = jnp.ones((16, 8)), jnp.ones((8, 8)) / 8
+    scan = lambda x, w: jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), x, None, length=2)[0]  # noqa: E731
+    assert check_equation_rules(scan, x, w, mesh=mesh24(), max_strategies=2) == []
+    branch = lambda p, x: jax.lax.cond(p > 0, jnp.sin, jnp.cos, x) @ w  # noqa: E731
+    assert check_equation_rules(branch, jnp.float32(1), x, mesh=mesh24(), max_strategies=2) == []
+    noise = lambda k, x: jax.random.normal(k, x.shape) + x  # noqa: E731
+    assert check_equation_rules(noise, jax.random.key(0), x, mesh=mesh24(), max_strategies=2) == []
+    for check, args in ((check_equation_rules, (jnp.sin, x)), (check_reshard_rules, ((8, 8),))):
+        with pytest.raises(shardsat.InvalidMeshError, match=r"needs a jax\.sharding\.Mesh"):
+            check(*args, mesh=None)
+    assert check_reshard_rules((8, 8), mesh24(), dtype=jnp.bfloat16, max_edges=10) == []
+    assert check_reshard_rules((8, 8), mesh24(), dtype=jnp.bfloat16, max_edges=10, rtol=1e-7)  # as before
