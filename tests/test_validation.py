@@ -293,6 +293,20 @@ def test_register_signature_arguments(kwargs, words):
         assert word in msg
 
 
+@pytest.mark.parametrize("spec, kwargs, words", [
+    ("b b -> b", {}, "appear twice in tensor 0"),
+    ("b (d d) -> b d", {}, "appear twice in tensor 0"),
+    ("b d -> b", dict(reduction_factors=["d"], need_replication_factors=["d"]), "both reduction and need-replication"),
+])
+def test_register_signature_refuses_specs_no_strategy_holds(spec, kwargs, words):
+    """Regression (a helper's rule-author hunt): a factor twice in one tensor, or one both summed
+    and kept whole, was accepted, and check_rule then had no strategy to test."""
+    from jax.extend.core import Primitive
+
+    with pytest.raises(shardsat.InvalidSignatureError, match=words):
+        shardsat.register_signature(Primitive("validation_spec_prim"), spec, **kwargs)
+
+
 def test_register_signature_zero_flops_is_fine():
     from jax.extend.core import Primitive
 

@@ -164,9 +164,25 @@ def _parse_spec(name: str, spec: str, reduction_factors: Sequence[str], need_rep
         raise InvalidSignatureError(f"{where} names no result.")
     problem = structure_problem(operands, results, {"reduction_factors": reduction_factors,
                                 "need_replication_factors": need_replication_factors}, reduction_factors, linear)
+    problem = problem or _spec_problem((*operands, *results), reduction_factors, need_replication_factors)
     if problem:
         raise InvalidSignatureError(f"{where}: {problem}")
     return operands, results
+
+
+def _spec_problem(tensors: Sequence[TensorFactors], reduction: Sequence[str], replication: Sequence[str]) -> str | None:
+    """What a user's spec says that no strategy can hold: a factor twice in one tensor (a diagonal:
+    split once it would be split twice), a factor both summed and kept whole."""
+    for k, t in enumerate(tensors):
+        names = [f for d in t for f in d]
+        twice = sorted({f for f in names if names.count(f) > 1})
+        if twice:
+            return (f"factor(s) {twice} appear twice in tensor {k} (a diagonal): no sharding splits them once. "
+                    "Consider a factor per dimension, listed in need_replication_factors= where it must stay whole.")
+    both = sorted(set(reduction) & set(replication))
+    if both:
+        return f"factor(s) {both} are both reduction and need-replication factors. Consider one of the two."
+    return None
 
 
 def _flag_problems(**flags: Any) -> list[str]:
