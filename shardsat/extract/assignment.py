@@ -161,7 +161,11 @@ def _strategies(g: ExportedGraph, tables: RuleTables, ex: Extraction,
         okey = tables.output_key[out]
         nkey = g.node_key[node]
         if NodeKind(int(g.node_kind[node])) != NodeKind.LOCAL or nkey is None:
-            raise ShardsatError(f"Value {out} is produced by a non-local node; cannot lower.")
+            raise ShardsatError(
+                f"The plan computes `{eqn.name}` at {eqn.source} by an e-node no equation of the program makes "
+                f"({NodeKind(int(g.node_kind[node])).name.lower()}): an egglog ruleset in rules= made two different "
+                "values equal, or a term no equation computes. Consider checking the rulesets' rules (a "
+                "shardsat.Rewrite states an identity that check_rule can test).")
         if nkey.rpartition("#")[0] != okey.rpartition("#")[0]:
             if any(_base_key(tables, v) == nkey.rpartition("#")[0] for v in g.group_values[grp]):
                 continue  # an equal value's equation (the other side of a rewrite) computes it
