@@ -427,4 +427,3 @@ def _weakly_typed(x: Any) -> Any:
     convert = getattr(lax_internal, "_convert_element_type", None)
     x = jnp.asarray(x)
     return x if convert is None else convert(x, x.dtype, weak_type=True)
-
