@@ -494,6 +494,23 @@ def test_ruleset_inventing_value_ids_is_named():
     assert "'invents_refs'" in msg and "Val.ref" in msg and "[1001]" in msg and "Consider Val.op" in msg
 
 
+def test_ruleset_egglog_refuses_is_named():
+    """Regression: an action's variable the query does not bind raised egglog's raw EggSmolError
+    ("Unbound symbol _lay2") from inside saturation, naming neither the ruleset nor a fix."""
+    from egglog import eq, i64, rule, ruleset, union
+
+    from shardsat.egraph.schema import At, Dist, Val
+
+    rs = ruleset(name="unbound_layout")
+
+    @rs.register
+    def _r(v: Val, lay: i64, lay2: i64, d: Dist):
+        yield rule(eq(d).to(At(v, lay))).then(union(At(v, lay2)).with_(d))
+
+    msg = error_of(shardsat.saturate_and_extract, jnp.sin, mesh24(), jnp.ones((8, 16)), rules=[rs])
+    assert "'unbound_layout'" in msg and "Unbound symbol _lay2" in msg and "Consider binding" in msg
+
+
 # -- more probes: arities, donation, per-axis profiles, references ------------------------------------
 def test_example_arguments_must_fit_the_function():
     def f(w, x):

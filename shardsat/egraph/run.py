@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from egglog import EGraph, Ruleset, String, i64, rewrite, rule, ruleset, set_, union
+from egglog.bindings import EggSmolError
 
 from ..errors import InvalidArgumentError
 from ..limits import Limits, StopReason
@@ -224,7 +225,7 @@ class EGraphRun:
                 stop = predicted
                 break
             t = time.perf_counter()
-            run = self.egraph.run(combined * 1)
+            run = _run_user(self.egraph, combined, user)
             report.iterations = it + 1
             for decl, m in run.num_matches_per_rule.items():
                 name = getattr(decl, "name", None) or type(decl).__name__
@@ -296,6 +297,21 @@ class _Growth:
         if time.perf_counter() + self.seconds[-1] * ratio + EXPORT_S_PER_NODE * predicted > deadline:
             return StopReason.TIME_LIMIT
         return None
+
+
+def _run_user(egraph: EGraph, combined: Any, user: Sequence[Ruleset]) -> Any:
+    """One round with the user's rulesets: egglog's own error (an action's variable the query
+    does not bind, a sort mismatch) surfaces when they first run, naming neither them nor the fix."""
+    try:
+        return egraph.run(combined * 1)
+    except EggSmolError as e:
+        names = ", ".join(_ruleset_name(rs) for rs in user)
+        said = " ".join(str(e).split())
+        raise InvalidArgumentError(
+            f"egglog could not run the user ruleset(s) {names}: {said}. Consider binding every "
+            "variable a rule's actions use in its query (egglog's `_x` is the rule's variable `x`), and checking "
+            "the ruleset alone on a small EGraph first."
+        ) from e
 
 
 def _is_builtin(rs: Any) -> bool:
