@@ -17,7 +17,7 @@ import numpy as np
 from egglog import Ruleset
 from jax.sharding import Mesh
 
-from .checks import known_keywords
+from .checks import known_keywords, require_mesh
 from .egraph.export import ExportedGraph, export
 from .egraph.layout import MeshAxes, SpaceTable
 from .egraph.narrow import narrow_spaces
@@ -115,11 +115,7 @@ def _axis_name_problem(name: Any) -> str | None:
 
 
 def _check_entry(mesh: Any, multihost: str) -> None:
-    if not isinstance(mesh, Mesh):
-        raise InvalidMeshError(
-            f"saturate_and_extract needs a jax.sharding.Mesh, got {type(mesh).__name__}. "
-            "Consider jax.make_mesh((2, 4), ('data', 'model'))."
-        )
+    require_mesh(mesh, "saturate_and_extract")
     bad = {n: why for n in mesh.axis_names if (why := _axis_name_problem(n))}
     if bad:
         raise InvalidMeshError(

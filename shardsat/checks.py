@@ -13,11 +13,19 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
+from jax.sharding import Mesh
 
-from .errors import UnknownKeywordError
+from .errors import InvalidMeshError, UnknownKeywordError
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+def require_mesh(mesh: Any, what: str, consider: str = "the mesh you plan for") -> None:
+    """InvalidMeshError unless `mesh` is a jax.sharding.Mesh (an AbstractMesh has no devices to run on)."""
+    if not isinstance(mesh, Mesh):
+        raise InvalidMeshError(f"{what} needs a jax.sharding.Mesh, got {type(mesh).__name__}. Consider "
+                               f"{consider}, e.g. jax.make_mesh((2, 4), ('data', 'model')).")
 
 
 def is_bool(x: Any) -> bool:

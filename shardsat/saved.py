@@ -26,11 +26,11 @@ import jax
 from egglog import Ruleset
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .checks import known_keywords
+from .checks import known_keywords, require_mesh
 from .egraph.fingerprint import fingerprint
 from .egraph.layout import MeshAxes, SpaceTable
 from .egraph.rewrite import Rewrite
-from .errors import InvalidArgumentError, InvalidMeshError, SavedPlanMismatch, ShardsatError, warn_user
+from .errors import InvalidArgumentError, SavedPlanMismatch, ShardsatError, warn_user
 from .extract.cost import CostModel
 from .extract.plancost import cost_plan
 from .extract.profile import DeviceProfile
@@ -53,9 +53,7 @@ def load_plan(path: str | os.PathLike[str], fn: Callable[..., Any], mesh: Mesh, 
     for another mesh (axis names or sizes), other argument shapes or dtypes, or another program.
     rules: the shardsat.Rewrite rules the plan was made with (they change the program planned).
     """
-    if not isinstance(mesh, Mesh):
-        raise InvalidMeshError(f"load_plan needs a jax.sharding.Mesh, got {type(mesh).__name__}. Consider the "
-                               "mesh the plan was saved for, e.g. jax.make_mesh((2, 4), ('data', 'model')).")
+    require_mesh(mesh, "load_plan", "the mesh the plan was saved for")
     return plan_from_data(read(path), fn, mesh, example_args, rules=rules, source=str(path))
 
 

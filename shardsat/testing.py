@@ -10,12 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .checks import integer, known_keywords, real
+from .checks import integer, known_keywords, real, require_mesh
 from .egraph.collectives import COLLECTIVES
 from .egraph.layout import auto_mesh
 from .egraph.program import bind, is_extended
 from .egraph.rewrite import Rewrite
-from .errors import InvalidArgumentError, InvalidMeshError, ShardsatError
+from .errors import InvalidArgumentError, ShardsatError
 from .runtime.plan import Plan, on_explicit_mesh
 from .runtime.verify import widened
 
@@ -430,7 +430,7 @@ def check_equation_rules(fn: Any, *args: Any, mesh: Any, rtol: float = 1e-5, max
     from .rules.apply import _eqn_types, signature_for
     from .runtime.verify import localized
 
-    _check_mesh(mesh, "check_equation_rules")
+    require_mesh(mesh, "check_equation_rules")
     prog = trace(fn, args)
     env: dict[int, Any] = {}
     flat = jax.tree_util.tree_leaves(args)
@@ -472,12 +472,6 @@ def check_equation_rules(fn: Any, *args: Any, mesh: Any, rtol: float = 1e-5, max
     return failures
 
 
-def _check_mesh(mesh: Any, what: str) -> None:
-    if not isinstance(mesh, jax.sharding.Mesh):
-        raise InvalidMeshError(f"{what} needs a jax.sharding.Mesh, got {type(mesh).__name__}. Consider the "
-                               "mesh you plan for, e.g. jax.make_mesh((2, 4), ('data', 'model')).")
-
-
 def _host(x: Any) -> Any:
     """A value as check_equation_rules keeps it: numpy, but PRNG key arrays as they are."""
     return x if is_extended(getattr(x, "dtype", None)) else np.asarray(x)
@@ -504,7 +498,7 @@ def check_reshard_rules(shape: tuple[int, ...], mesh: Any, dtype: Any = np.float
     from .rules.reshard import reshard_edges
     from .runtime.verify import check_collective
 
-    _check_mesh(mesh, "check_reshard_rules")
+    require_mesh(mesh, "check_reshard_rules")
     _check_rtol(rtol, allow_none=True)
     tol = default_rtol(dtype) if rtol is None else rtol
     axes = MeshAxes.from_mesh(mesh)
@@ -592,7 +586,7 @@ def standard_layouts(fn: Any, mesh: Any, *args: Any, state_argnums: Any = None) 
     from .pins import resolve_ties
     from .rules.apply import build_tables
 
-    _check_mesh(mesh, "standard_layouts")
+    require_mesh(mesh, "standard_layouts")
     program = trace(fn, args, auto_mesh(mesh))
     adopt_constraints(program, auto_mesh(mesh))  # as planning does (the plan warns of what it drops)
     spaces = SpaceTable(MeshAxes.from_mesh(mesh))

@@ -273,6 +273,11 @@ def test_bad_arguments():
 
     with pytest.raises(shardsat.InvalidMeshError, match=r"needs a jax\.sharding\.Mesh, got str"):
         standard_layouts(jnp.sin, "mesh", jnp.ones(8))  # was AttributeError deep inside
+    abstract = jax.sharding.AbstractMesh((2, 4), ("data", "model"))
+    for what, call in [("saturate_and_extract", lambda: shardsat.saturate_and_extract(jnp.sin, abstract, jnp.ones(8))),
+                       ("load_plan", lambda: shardsat.load_plan("missing.json", jnp.sin, abstract, jnp.ones(8)))]:
+        with pytest.raises(shardsat.InvalidMeshError, match=rf"{what} needs a jax\.sharding\.Mesh, got AbstractMesh"):
+            call()
     # XLA aborts the process on names not ASCII or with a backslash (jax.jit too); jax's shard_map
     # reads an empty name as no axis (a pin on it gave an internal error); int names gave KeyError
     for names, words in [(("δ", "model"), "not ASCII"), (("data", "b\\"), "backslash"), (("", "model"), "empty"),
