@@ -356,10 +356,14 @@ def _pin_failures(rule: Any, apply: Any, operands: list[Any]) -> list[str]:
     if not hasattr(rule.primitive, "bind") or rule_for(rule.primitive).pin is None:  # custom_partitioning: no pins
         return []
     got, want = np.asarray(apply(*operands)), np.asarray(operands[0])
-    if got.shape == want.shape and np.allclose(got, want, rtol=0, atol=0):
+    if got.shape != want.shape or got.dtype != want.dtype:
+        change = f"{want.dtype}{list(want.shape)} -> {got.dtype}{list(got.shape)}"
+    elif np.array_equal(got, want, equal_nan=got.dtype.kind in "fc"):
         return []
+    else:
+        change = f"{int(np.sum(got != want))} of {want.size} elements differ"
     return [f"registered with pin={rule_for(rule.primitive).pin!r}, so plans return its operand unchanged, but "
-            f"`{rule.name}` changes it (shape {want.shape} -> {got.shape}). Consider register_signature(...) without pin="]
+            f"`{rule.name}` changes it ({change}). Consider register_signature(...) without pin="]
 
 
 def _first_line(e: BaseException) -> str:
