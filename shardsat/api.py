@@ -72,6 +72,7 @@ from .runtime.multihost import agree, share_plan, spans_processes
 from .runtime.plan import Plan, Report
 from .runtime.record import Origin, decisions, digest
 from .saved import cache_key, cache_path, load_cached, plan_from_data, save_cached
+from .threads import PLANNING
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ def saturate_and_extract(
       big (plan.report.narrowed); "families": always; "builtin" or a weights file: always, to a
       learned prior's best (extract/prior.py); None: never.
     """
-    with _collector_paused():
+    with PLANNING, _collector_paused():
         _check_entry(mesh, multihost)
         plan_here = functools.partial(
             _plan_checked, fn, mesh, example_args, cache_dir, strict, profile=profile, limits=limits,

@@ -41,6 +41,7 @@ from .rules.apply import build_tables
 from .runtime.jsonout import FORMAT_VERSION, profile_digest
 from .runtime.plan import Plan, Report
 from .runtime.record import RECORD_VERSION, Origin, decisions, digest, report_from, restore
+from .threads import PLANNING
 
 
 @known_keywords
@@ -54,7 +55,8 @@ def load_plan(path: str | os.PathLike[str], fn: Callable[..., Any], mesh: Mesh, 
     rules: the shardsat.Rewrite rules the plan was made with (they change the program planned).
     """
     require_mesh(mesh, "load_plan", "the mesh the plan was saved for")
-    return plan_from_data(read(path), fn, mesh, example_args, rules=rules, source=str(path))
+    with PLANNING:
+        return plan_from_data(read(path), fn, mesh, example_args, rules=rules, source=str(path))
 
 
 def read(path: str | os.PathLike[str]) -> dict[str, Any]:

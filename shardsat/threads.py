@@ -1,4 +1,5 @@
-"""egglog's thread count, fixed once per process, without changing the user's environment.
+"""egglog's thread count, fixed once per process, without changing the user's environment; and
+the lock that keeps planning to one thread at a time.
 
 egglog 13.2's Python bindings have no thread setting: egglog runs on rayon's global thread pool,
 which is built once per process, when `egglog` is imported, from `RAYON_NUM_THREADS`
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 VARIABLE = "RAYON_NUM_THREADS"
 
@@ -33,3 +35,10 @@ def import_egglog_single_threaded() -> None:
 
 
 import_egglog_single_threaded()
+
+# Planning from several threads at once failed at random (KeyError on egglog's declarations,
+# "Class ... has no method cons", NoPlanError, an EGraph dropped on another thread): egglog's
+# Python declarations and its EGraph are not thread-safe, and planning pauses the process-wide
+# garbage collector. Every public entry that plans or loads a plan holds this lock, so threads
+# plan one after another; re-entrant, as the testing helpers plan inside one.
+PLANNING = threading.RLock()

@@ -411,3 +411,26 @@ def test_plan_runs_inside_jit_and_grad_under_the_callers_mesh(kind):
     if kind == AxisType.Explicit:
         with jax.set_mesh(other), pytest.raises(shardsat.ShardsatError, match="not the plan's mesh"):
             jax.jit(plan.jit())(p, x)
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_planning_from_several_threads(capfd):
+    """Regression (a helper's API hunt): four threads planning at once failed at random with
+    KeyError on egglog's declarations, NoPlanError, and "EGraph is unsendable, but is being
+    dropped on another thread" on stderr. Planning now holds one lock (threads.PLANNING)."""
+    import concurrent.futures as cf
+
+    def make(k):
+        def step(w, x):
+            loss, g = jax.value_and_grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** k))(w)
+            return w - 0.1 * g, loss
+        return step
+
+    mesh = mesh24(AxisType.Auto)
+    w, x = jnp.ones((64, 128)) / 64, jnp.ones((32, 64))
+    with cf.ThreadPoolExecutor(4) as pool:
+        plans = list(pool.map(lambda k: (k, shardsat.saturate_and_extract(make(k), mesh, w, x, state_argnums=(0,))),
+                              range(2, 8)))
+    for k, plan in plans:
+        assert_equivalent(plan, make(k), w, x)
+    assert "dropped on another thread" not in capfd.readouterr().err
