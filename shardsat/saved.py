@@ -36,6 +36,7 @@ from .extract.plancost import cost_plan
 from .extract.profile import DeviceProfile
 from .limits import Limits
 from .options import arity_problems, example_problems
+from .pins import example_pins, resolve_pins
 from .prepare import Prepared, prepare
 from .rules.apply import build_tables
 from .runtime.jsonout import FORMAT_VERSION, profile_digest
@@ -101,9 +102,28 @@ def plan_from_data(data: dict[str, Any], fn: Callable[..., Any], mesh: Mesh, exa
         raise SavedPlanMismatch(f"{source} did not restore to the plan it records (its choices' digest differs). "
                                 "Consider planning again: the file may have been edited or written by another "
                                 "version of shardsat.")
+    _check_struct_pins(plan, example_args, source)
     report.loaded_from = source
     report.load_s = time.perf_counter() - start
     return plan
+
+
+def _check_struct_pins(plan: Plan, example_args: tuple[Any, ...], source: str) -> None:
+    """A ShapeDtypeStruct's NamedSharding pins its argument (pins.example_pins): a saved plan that
+    places the argument otherwise is not the plan asked for (it was loaded silently with its own)."""
+    pins = example_pins(example_args, None, plan.mesh)
+    if pins is None:
+        return
+    arg_pins, _ = resolve_pins(plan.program, plan.spaces, pins, None, plan.program.name)
+    chosen = plan.costed.assignment.arg_layouts
+    for pos, lids in sorted(arg_pins.items()):
+        lid = chosen[pos]
+        if lid is not None and lid not in lids:
+            path = plan.program.arg_paths[pos]
+            raise SavedPlanMismatch(
+                f"{source} places {path} as {plan.layouts[lid].spec(plan.axes)}, but its example argument is a "
+                f"ShapeDtypeStruct pinned to {plan.layouts[min(lids)].spec(plan.axes)}. Consider planning again "
+                "with this pin, or passing the struct without a sharding to take the saved plan's layout.")
 
 
 def _record(data: dict[str, Any], source: str) -> dict[str, Any]:

@@ -263,3 +263,21 @@ def test_cache_dir_keys_each_egglog_ruleset_by_its_name(tmp_path: Path) -> None:
              for name in ("rules_a", "rules_b", "rules_a")]
     assert [p.report.loaded_from is not None for p in plans] == [False, False, True]
     check_plan(plans[2], *args)
+
+
+def test_load_plan_refuses_a_struct_pinned_otherwise(tmp_path):
+    """Regression (a helper's API hunt): load_plan took a ShapeDtypeStruct pinned to P(None,
+    'model') and returned the saved plan's P('data') layout for it, silently; cache_dir planned
+    again. The same pin, or a struct without one, still loads."""
+    from jax.sharding import NamedSharding
+
+    mesh = mesh24()
+    S = jax.ShapeDtypeStruct
+    g = lambda a, b: jnp.sin(a) @ b  # noqa: E731
+    b = S((32, 8), jnp.float32)
+    pinned = lambda *spec: S((16, 32), jnp.float32, sharding=NamedSharding(mesh, P(*spec)))  # noqa: E731
+    path = shardsat.saturate_and_extract(g, mesh, pinned("data"), b).save(tmp_path / "g.json")
+    assert shardsat.load_plan(path, g, mesh, pinned("data"), b).in_shardings[0].spec == P("data")
+    assert shardsat.load_plan(path, g, mesh, S((16, 32), jnp.float32), b).in_shardings[0].spec == P("data")
+    with pytest.raises(shardsat.SavedPlanMismatch, match=r"places args\[0\] as P\('data',\).*pinned to P\(None, 'model'\)"):
+        shardsat.load_plan(path, g, mesh, pinned(None, "model"), b)
