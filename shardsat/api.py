@@ -61,7 +61,7 @@ from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
 from .options import FALLBACKS as FALLBACKS  # re-exported: it was defined here
 from .options import check_options, memory_limit_problem, multihost_problem
-from .pins import check_tied_pins, example_pins, resolve_pins, resolve_ties
+from .pins import check_tied_pins, example_pins, resolve_pins, resolve_ties, unkept_pins
 from .prepare import FOLD_AUTO_EQUATIONS as FOLD_AUTO_EQUATIONS  # re-exported: it was defined here
 from .prepare import Prepared, prepare
 from .prepare import fold_threshold as fold_threshold
@@ -249,12 +249,15 @@ def _plan_cached(req: _Request, cache_dir: str | os.PathLike[str] | None) -> Pla
     shown = Progress(req.progress)
     prepared = prepare(req.fn, req.mesh, req.example_args, req.rules, req.fold_loops,
                        on_traced=lambda n: shown.update("traced", f"{n} equations"))
+    pins = unkept_pins(prepared.program, req.example_args, req.in_shardings, req.out_shardings)
+    prepared = replace(prepared, unkept=tuple(dict.fromkeys([*prepared.unkept, *pins])))
     if prepared.unkept:
-        warn_user(f"shardsat drops {len(prepared.unkept)} sharding constraint(s) of `{prepared.program.name}` "
-                  "that no plan on this mesh can keep:\n  " + "\n  ".join(prepared.unkept)
+        warn_user(f"shardsat drops {len(prepared.unkept)} pin(s) or sharding constraint(s) of "
+                  f"`{prepared.program.name}` that no plan on this mesh can keep:\n  " + "\n  ".join(prepared.unkept)
                   + ("\nConsider constraining with a PartitionSpec of this mesh's axes, listed in its order, over "
                      "dimensions they divide."
-                     if any("PRNG key" not in u for u in prepared.unkept) else ""), ConstraintWarning)
+                     if any(u not in pins and "PRNG key" not in u for u in prepared.unkept) else ""),
+                  ConstraintWarning)
     if cache_dir is None:
         return _plan(req, prepared, start, shown)
     key = req.cache_key(prepared)

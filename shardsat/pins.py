@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .egraph.layout import Layout, SpaceTable, spec_to_layout
 from .egraph.program import Literal, Program, is_extended
 from .egraph.ties import resolve_ties as resolve_ties  # re-exported: it was defined here
-from .errors import ConstraintWarning, InvalidArgumentError, warn_user
+from .errors import InvalidArgumentError
 
 UNCONSTRAINED = PartitionSpec.UNCONSTRAINED
 
@@ -96,7 +96,6 @@ def resolve_pins(
             continue
         spec = pin.spec if isinstance(pin, NamedSharding) else pin
         v = program.values[program.args[pos]]
-        _warn_if_key(program.arg_paths[pos], spec, v.dtype)
         lays, why = pinned_layouts(spec, v.shape, v.dtype, spaces)
         if lays is None:
             problems.append(f"  * {program.arg_paths[pos]}: shape {v.shape}, spec {spec}: {why}")
@@ -110,7 +109,6 @@ def resolve_pins(
         o = program.outputs[k]
         shape = () if isinstance(o, Literal) else program.values[o].shape
         dtype = o.dtype if isinstance(o, Literal) else program.values[o].dtype
-        _warn_if_key(program.out_paths[k], spec, dtype)
         lays, why = pinned_layouts(spec, shape, dtype, spaces)
         if lays is None:
             problems.append(f"  * {program.out_paths[k]}: shape {shape}, spec {spec}: {why}")
@@ -145,12 +143,37 @@ def check_tied_pins(program: Program, spaces: SpaceTable, arg_pins: dict[int, fr
             "out):\n" + "\n".join(problems) + "\nConsider one spec for both, or pinning only one of them.")
 
 
-def _warn_if_key(path: str, spec: PartitionSpec, dtype: Any) -> None:
-    """A pin that splits a PRNG key array cannot hold: plans keep key arrays replicated."""
-    if is_extended(dtype) and any(e is not None and e is not UNCONSTRAINED for e in spec):
-        warn_user(f"{path} is a PRNG key array pinned to {spec}: shardsat plans keep key arrays replicated, "
-                  "so it is passed and returned whole (plan.in_shardings / out_shardings say so). The keys "
-                  "are the same either way.", ConstraintWarning)
+def unkept_pins(program: Program, example_args: tuple[Any, ...], in_shardings: Any, out_shardings: Any
+                ) -> list[str]:
+    """The user's pins no plan keeps, each as "where: what; why": a split of a PRNG key array
+    (plans keep key arrays replicated) and a memory kind other than device memory (plans place
+    every array in device memory). They were dropped with a warning at most, and the report did
+    not list them (it lists the with_sharding_constraint calls dropped)."""
+    out: list[str] = []
+    flat_in = _flat_pins(in_shardings, program.in_tree, "in_shardings")
+    flat_out = _flat_pins(out_shardings, program.out_tree, "out_shardings")
+    for path, vid, pin in [*zip(program.arg_paths, program.args, flat_in, strict=True),
+                           *zip(program.out_paths, program.outputs, flat_out, strict=True)]:
+        dtype = vid.dtype if isinstance(vid, Literal) else program.values[vid].dtype
+        spec = pin.spec if isinstance(pin, NamedSharding) else pin
+        if isinstance(spec, PartitionSpec) and is_extended(dtype) and any(
+                e is not None and e is not UNCONSTRAINED for e in spec):
+            out.append(f"{path}: spec {spec} on a PRNG key array: plans keep key arrays replicated, so it is passed "
+                       "and returned whole (the keys are the same either way); not kept")
+        out += _memory_kind(path, pin)
+    leaves = jax.tree_util.tree_flatten_with_path(tuple(example_args))[0]
+    for key, x in leaves:
+        if isinstance(x, jax.ShapeDtypeStruct):
+            out += _memory_kind(f"args{jax.tree_util.keystr(key)}", x.sharding)
+    return out
+
+
+def _memory_kind(path: str, sharding: Any) -> list[str]:
+    kind = getattr(sharding, "memory_kind", None) if isinstance(sharding, NamedSharding) else None
+    if kind is None or kind == "device":
+        return []
+    return [f"{path}: memory_kind={kind!r}: plans place every array in device memory (plan.in_shardings / "
+            "out_shardings say so); not kept. Consider moving it with jax.device_put around the planned call"]
 
 
 def example_pins(example_args: tuple[Any, ...], in_shardings: Any, mesh: Any) -> Any:

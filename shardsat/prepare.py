@@ -45,7 +45,7 @@ class Prepared:
     folded: bool
     rewrites: tuple[str, ...]  # names of the shardsat.Rewrite rules applied
     trace_s: float
-    unkept: tuple[str, ...] = ()  # the user's sharding constraints no plan can keep (egraph/constraints.py)
+    unkept: tuple[str, ...] = ()  # the sharding constraints no plan can keep (egraph/constraints.py), then pins (api.py)
 
 
 def prepare(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, ...], rules: Sequence[Ruleset | Rewrite],

@@ -437,7 +437,7 @@ def test_constraint_on_other_devices_is_dropped_and_said(mesh):
     with pytest.warns(shardsat.ConstraintWarning, match="test_robustness.py"):
         plan = shardsat.saturate_and_extract(f, mesh, x)
     assert len(plan.report.unkept) == 1 and "devices [0, 1, 2, 3]" in plan.report.unkept[0]
-    assert "Sharding constraints not kept" in plan.explain()
+    assert "Sharding constraints and pins not kept" in plan.explain()
     assert_equivalent(plan, f, x)
 
 
@@ -511,6 +511,9 @@ def test_pins_and_constraints_that_split_prng_keys_leave_them_whole(mesh):
     with pytest.warns(shardsat.ConstraintWarning, match="PRNG key"):
         plan = shardsat.saturate_and_extract(f, mesh, keys, x, in_shardings=(P("data"), P("data")))
     assert plan.in_shardings[0].spec == P()
+    # the report lists the dropped pin, as it lists dropped constraints (it listed nothing)
+    assert [u for u in plan.report.unkept if "PRNG key" in u and u.startswith("args[0]")], plan.report.unkept
+    assert "args[0]" in plan.explain()
     np.testing.assert_array_equal(plan.jit()(jax.device_put(keys, NamedSharding(mesh, P("data"))), x), want)
     split = jax.jit(lambda ks: jax.vmap(lambda k: jax.random.split(k)[0])(ks))
     with pytest.warns(shardsat.ConstraintWarning, match="PRNG key"):
@@ -590,3 +593,21 @@ def test_planned_function_takes_arguments_by_name_as_jax_jit_does(mesh):
         np.testing.assert_allclose(got, want, rtol=1e-6)
     with pytest.raises(shardsat.InvalidArgumentError, match="positionally"):
         run(w, y=x)
+
+
+def test_pins_in_host_memory_are_listed_as_not_kept(mesh):
+    """Regression (a helper's API hunt): a pin or a struct with memory_kind="pinned_host" was
+    dropped silently; the plan runs in device memory. The plan now warns and lists it."""
+    from jax.sharding import NamedSharding
+
+    host = NamedSharding(mesh, P("data"), memory_kind="pinned_host")
+    x = jnp.ones((16, 32))
+    with pytest.warns(shardsat.ConstraintWarning, match="memory_kind='pinned_host'"):
+        plan = shardsat.saturate_and_extract(lambda x: x * 2, mesh, x, in_shardings=(host,), out_shardings=host)
+    assert sorted(u.split(":")[0] for u in plan.report.unkept) == ["args[0]", "out"], plan.report.unkept
+    assert plan.in_shardings[0].spec == P("data") and plan.in_shardings[0].memory_kind == "device"
+    np.testing.assert_array_equal(plan.jit()(x), x * 2)
+    struct = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=host)
+    with pytest.warns(shardsat.ConstraintWarning, match="memory_kind"):
+        plan = shardsat.saturate_and_extract(lambda x: x * 2, mesh, struct)
+    assert [u.split(":")[0] for u in plan.report.unkept] == ["args[0]"]

@@ -107,7 +107,7 @@ def explain(plan: Plan) -> str:
         lines += ["", "Replicated by fallback (no sharding rule)"]
         lines += [f"  {f}" for f in plan.report.fallbacks]
     if plan.report.unkept:
-        lines += ["", "Sharding constraints not kept (no layout of the plan's mesh places the value so)"]
+        lines += ["", "Sharding constraints and pins not kept (no layout of the plan places the value so)"]
         lines += [f"  {u}" for u in plan.report.unkept]
     lines += ["", "Search", f"  {plan.report}"]
     return "\n".join(lines)

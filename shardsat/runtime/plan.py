@@ -43,7 +43,7 @@ class Report(HasBound):
     sweeps: int = 0
     equations: int = 0
     fallbacks: list[str] = field(default_factory=list)
-    unkept: list[str] = field(default_factory=list)  # the user's sharding constraints no plan can keep
+    unkept: list[str] = field(default_factory=list)  # the user's sharding constraints and pins no plan keeps
     # gap and lower_bound_s (HasBound): the relative optimality gap (0.0: proven optimal), the
     # exact solver's where it ran, else the plan's distance from lower_bound_s, a cost no plan
     # of the e-graph can beat; computed on first read, and shared with the plan's extraction
@@ -80,7 +80,7 @@ class Report(HasBound):
         if self.fallbacks:
             s += f"; replicated by fallback: {', '.join(self.fallbacks)}"
         if self.unkept:
-            s += f"; sharding constraints not kept: {'; '.join(self.unkept)}"
+            s += f"; sharding constraints and pins not kept: {'; '.join(self.unkept)}"
         if self.loaded_from is not None:
             s += f"; loaded from {self.loaded_from} in {self.load_s:.3f}s (the search above made it)"
         return s
