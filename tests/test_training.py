@@ -194,7 +194,12 @@ def test_explain_names_the_weight_update(gpt_plans):
     text = plan.explain()
     assert "Weight update" in text and ("ZeRO" in text)
     updates = plan.weight_updates()
-    assert all("ZeRO" in how for how in updates.values())
+    # every weight's update is split; a weight used where it lies (its activations gathered
+    # instead) is not called ZeRO-3: only those the plan gathers (it called every one ZeRO-3)
+    assert all("update sharded over" in how for how in updates.values()), updates
+    gathered = {c.value.split(" ")[0] for c in plan.cost.collectives if c.kind == "all-gather"}
+    for path, how in updates.items():
+        assert ("ZeRO-3" in how) == (path in gathered), (path, how)
     assert any("data parallel" in how or "ZeRO-1/2" in how for how in dp.weight_updates().values())
 
 
@@ -222,3 +227,28 @@ def test_tiny_weights_keep_data_parallel_when_cheaper(data8):
     sharded = shardsat.saturate_and_extract(step, data8, state, batch, profile=slow, state_argnums=(0,),
                                             in_shardings=(zero, None))
     assert plan.cost.total_s < sharded.cost.total_s
+
+
+def test_weight_used_where_it_lies_is_not_called_zero3():
+    """Regression (a helper's API hunt): an MLP pair split on its hidden width (tensor parallel)
+    was explained as "stored sharded, gathered where used (ZeRO-3)", while its compiled HLO has
+    no all-gather at all."""
+    import re
+
+    import jax.numpy as jnp
+
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def step(p, x, y):
+        g = jax.grad(lambda p: jnp.mean((jax.nn.gelu(x @ p["w1"]) @ p["w2"] - y) ** 2))(p)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+
+    p = {"w1": jnp.ones((256, 1024)) * 0.01, "w2": jnp.ones((1024, 256)) * 0.01}
+    x = y = jnp.ones((64, 256))
+    plan = shardsat.saturate_and_extract(step, mesh, p, x, y, state_argnums=(0,), profile="h100",
+                                         memory_limit=1_500_000)
+    hlo = plan.jit(donate_argnums=()).lower(p, x, y).compile().as_text()
+    gathers = re.findall(r"all-gather(?:-start)?\(", hlo)
+    for path, how in plan.weight_updates().items():
+        assert ("ZeRO-3" in how) == bool(gathers), (path, how, len(gathers))
+    assert plan.in_shardings[0]["w1"].spec != P() and not gathers  # the case: split, never gathered

@@ -265,9 +265,22 @@ class _Costing:
             update_sharded = upd is not None and bool(self.layouts[upd].split_axes())
             axes = self.axes.label(self.layouts[upd].split_axes()) if update_sharded else ""
             if stored_sharded:
-                out[self.program.arg_paths[a]] = f"stored sharded, gathered where used; update sharded over {axes or '-'} (ZeRO-3)"
+                out[self.program.arg_paths[a]] = f"stored sharded, {self._used(vid)}; update sharded over {axes or '-'}"
             elif update_sharded:
                 out[self.program.arg_paths[a]] = f"update sharded over {axes} (ZeRO-1/2: reduce-scatter, update 1/N, all-gather)"
             else:
                 out[self.program.arg_paths[a]] = "replicated update (data parallel: all-reduced gradient)"
         return out
+
+    def _used(self, vid: int) -> str:
+        """How a weight stored sharded reaches its readers: gathered (ZeRO-3), otherwise
+        resharded, or read where it lies (tensor parallelism: an MLP's pair split on its hidden
+        width needs no gather, and was called ZeRO-3 before)."""
+        ch = self.extraction.choices.get(self.graph.value_group[vid])
+        kinds = sorted({KIND_NAMES[s.kind] for s in (ch.steps if ch else ()) if not COLLECTIVES[s.kind].local})
+        if "all-gather" in kinds:
+            return "gathered where used (ZeRO-3)"
+        if kinds:
+            return f"resharded where used ({', '.join(kinds)})"
+        return "used where it lies (tensor parallel: no gather)"
+
