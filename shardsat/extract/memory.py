@@ -157,7 +157,7 @@ class MemoryModel:
         combined = live.combined
         end = len(tl.seq)
         loops = self._loop_state_copies(live)
-        copies += [t for t, _ in loops]
+        copies += [t for t, _ in loops] + self._constant_slices(live, ex)
         for n, (o, lid) in enumerate(zip(prog.outputs, ex.root_layouts, strict=True)):
             k = tl.key(o) if isinstance(o, int) else None
             if k is None or lid is None:
@@ -176,6 +176,21 @@ class MemoryModel:
         copies += chain_copies(freed) + freed_states(live, loops, excluded)
         self.last_peak = live.peak(excluded, list(fixed.values()), copies)
         return self.last_peak
+
+    def _constant_slices(self, live: PlanLiveness, ex: Extraction) -> list[Temp]:
+        """A closed-over constant is embedded in the program whole (no argument, output or temp
+        buffer), but one a plan holds split is sliced per device into a temporary, made at the
+        start (it waits on nothing) and held to its last read (XLA:CPU: a captured 16 MiB matrix
+        read split 8 ways holds a 2 MiB temp, which the estimate left out)."""
+        out = []
+        for vid in self.program.const_values:
+            k, grp = self.timeline.key(vid), self.graph.value_group.get(vid)
+            if k is None or grp not in ex.choices or not self.spaces.layouts[ex.choices[grp].layout].used_axes():
+                continue
+            b = (k, ex.choices[grp].layout)
+            if b in live.last:
+                out.append(Temp(self.bytes_of(vid, b[1]), 0, live.last[b], tag=b))
+        return out
 
     def _donated(self, live: PlanLiveness, alloc: Allocation, arg: int, out: Buf,
                  combined: tuple[tuple[int, int], ...]) -> tuple[list[Temp], bool]:
