@@ -31,6 +31,7 @@ from .errors import (
     InvalidMeshError,
     MemoryLimitWarning,
     NoPlanError,
+    ShardsatWarning,
     StoppedEarlyError,
     warn_user,
 )
@@ -60,7 +61,7 @@ from .extract.seeds import seeds
 from .extract.structure import combinable_groups
 from .limits import Limits, StopReason
 from .options import FALLBACKS as FALLBACKS  # re-exported: it was defined here
-from .options import check_options, memory_limit_problem, multihost_problem
+from .options import check_options, memory_limit_problem, multihost_problem, profile_axes_unknown
 from .pins import check_tied_pins, example_pins, resolve_pins, resolve_ties, unkept_pins
 from .prepare import FOLD_AUTO_EQUATIONS as FOLD_AUTO_EQUATIONS  # re-exported: it was defined here
 from .prepare import Prepared, prepare
@@ -225,6 +226,8 @@ def _plan_checked(fn: Callable[..., Any], mesh: Mesh, example_args: tuple[Any, .
         options["priors"] = os.fspath(options["priors"])
     req = _Request(fn, mesh, example_args, get_profile(profile, mesh.devices.flat[0].platform), limits or Limits(),
                    mode, rules, **options)
+    if unknown := profile_axes_unknown(req.profile, mesh):
+        warn_user(unknown, ShardsatWarning)
     return _plan_cached(req, cache_dir)
 
 

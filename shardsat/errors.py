@@ -71,15 +71,21 @@ class SavedPlanMismatch(ShardsatError):
     written by a shardsat that saves plans differently."""
 
 
-class MemoryLimitWarning(UserWarning):
+class ShardsatWarning(UserWarning):
+    """Base class of every warning shardsat gives (filter them all with this); also used alone
+    for what fits no narrower class: a cached plan that does not load, a profile naming axes the
+    mesh lacks."""
+
+
+class MemoryLimitWarning(ShardsatWarning):
     """No plan found fits the device's memory (the default memory_limit); the smallest is returned."""
 
 
-class ConstraintWarning(UserWarning):
+class ConstraintWarning(ShardsatWarning):
     """A with_sharding_constraint in the function places a value as no layout of the plan's mesh
     does (a mesh over other devices, or the same devices in an order no layout matches): no plan
     can keep it, so it is dropped and the value placed freely (the plan lists it)."""
 
 
-class FallbackWarning(UserWarning):
+class FallbackWarning(ShardsatWarning):
     """Equations no sharding rule applies to were kept replicated (the plan lists them)."""

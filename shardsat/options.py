@@ -8,6 +8,7 @@ naming the option (and the pytree path of a pin) with a fix, in the style of err
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import numbers
 import os
@@ -164,6 +165,20 @@ def _profile_axes_problems(profile: DeviceProfile, mesh: Mesh) -> list[str]:
                 out.append(f"profile's {label} has no entry for mesh axis {', '.join(map(repr, missing))} (it has "
                            f"{sorted(rate)}). Consider adding them, or a default under '*'.")
     return out
+
+
+def profile_axes_unknown(profile: DeviceProfile, mesh: Mesh) -> str | None:
+    """Per-axis rates under names the mesh lacks: a misspelt axis (`with_axes(dta=...)`) was
+    ignored silently, the plan priced by the default. Not an error: one measured profile may
+    serve several meshes."""
+    names = [str(n) for n in mesh.axis_names]
+    odd = sorted({str(k) for rate in (profile.link_bytes_per_s, profile.latency_s) if isinstance(rate, Mapping)
+                  for k in rate if k != "*" and k not in names})
+    if not odd:
+        return None
+    hints = [f"{k!r} -> {near[0]!r}" for k in odd if (near := difflib.get_close_matches(k, names, n=1))]
+    return (f"The profile gives link rates for axes {', '.join(map(repr, odd))}, which mesh {tuple(names)} lacks: "
+            "they are not used." + (f" Did you mean {', '.join(hints)}?" if hints else ""))
 
 
 def rules_problems(rules: Any) -> list[str]:

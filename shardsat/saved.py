@@ -30,7 +30,7 @@ from .checks import known_keywords, require_mesh
 from .egraph.fingerprint import fingerprint
 from .egraph.layout import MeshAxes, SpaceTable
 from .egraph.rewrite import Rewrite
-from .errors import InvalidArgumentError, SavedPlanMismatch, ShardsatError, warn_user
+from .errors import InvalidArgumentError, SavedPlanMismatch, ShardsatError, ShardsatWarning, warn_user
 from .extract.cost import CostModel
 from .extract.plancost import cost_plan
 from .extract.profile import DeviceProfile
@@ -285,7 +285,7 @@ def load_cached(path: Path, fn: Callable[..., Any], mesh: Mesh, example_args: tu
         return plan_from_data(read(path), fn, mesh, example_args, rules=rules, source=str(path), prepared=prepared)
     except (ShardsatError, KeyError, TypeError, ValueError, IndexError) as e:
         warn_user(f"shardsat: the cached plan {path} does not load ({type(e).__name__}: {e}); planning again.",
-                  UserWarning)
+                  ShardsatWarning)
         return None
 
 

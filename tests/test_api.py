@@ -434,3 +434,13 @@ def test_planning_from_several_threads(capfd):
     for k, plan in plans:
         assert_equivalent(plan, make(k), w, x)
     assert "dropped on another thread" not in capfd.readouterr().err
+
+
+def test_profile_rates_for_axes_the_mesh_lacks_are_warned_of():
+    """Regression (a helper's API hunt): `with_axes(dta=1e8)` was ignored silently, the plan
+    priced by the default rate. Every shardsat warning is a ShardsatWarning."""
+    prof = shardsat.PRESETS["h100"].with_axes(dta=1e8)
+    with pytest.warns(shardsat.ShardsatWarning, match=r"axes 'dta', which mesh \('data', 'model'\) lacks.*'dta' -> 'data'"):
+        shardsat.saturate_and_extract(jnp.sin, mesh24(), jnp.ones((8, 16)), profile=prof)
+    assert all(issubclass(w, shardsat.ShardsatWarning) for w in
+               (shardsat.ConstraintWarning, shardsat.FallbackWarning, shardsat.MemoryLimitWarning))
