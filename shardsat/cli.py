@@ -363,8 +363,23 @@ def _devices_for(sizes: tuple[int, ...], mesh_text: str, devices: str) -> None:
         configure_devices(n, devices)
 
 
+def check_writable(path: Path | None, flag: str) -> None:
+    """Refuse an output path whose folder does not exist or cannot be written, before the work
+    that ends in writing it (a plan, a calibration, an hour of training)."""
+    if path is None:
+        return
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a folder; give a file path, e.g. {path / 'out'}")
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: no folder {folder}; create it first or give another path")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"{flag} {path}: folder {folder} is not writable")
+
+
 def run_calibrate(ns: argparse.Namespace) -> int:
     """Measure a profile on the mesh and write it; print it and what it took."""
+    check_writable(ns.out, "--out")
     names, sizes = parse_mesh(ns.mesh)
     _devices_for(sizes, ns.mesh, ns.devices)
     mesh = make_mesh(names, sizes, ns.devices)
@@ -399,6 +414,8 @@ def format_profile(p: Any) -> str:
 
 
 def run_plan(ns: argparse.Namespace) -> int:
+    check_writable(ns.json, "--json")
+    check_writable(ns.html, "--html")
     names, sizes = parse_mesh(ns.mesh)
     state_argnums = parse_state_argnums(ns.state_argnums)
     profile = _profile_arg(ns.profile)
@@ -435,15 +452,26 @@ def run_plan(ns: argparse.Namespace) -> int:
             print(f"wrote {ns.html}")
     except OSError as e:
         raise UsageError(f"cannot write {e.filename}: {e.strerror}") from None
+    except InvalidArgumentError as e:  # write_json's own message for an unwritable path
+        raise UsageError(str(e).strip().splitlines()[0]) from None
     return 0
 
 
 def run_priors(ns: argparse.Namespace) -> int:
     """`priors train|eval` (shardsat/learn/command.py), on simulated CPU devices."""
+    from .errors import InvalidArgumentError
     from .learn import command
 
+    if ns.cases < 1:
+        raise UsageError(f"--cases must be at least 1, got {ns.cases}")
+    if ns.action == "train":
+        check_writable(ns.out, "--out")
+        check_writable(ns.examples, "--examples")
     configure_devices(command.DEVICES, "cpu")
-    return command.run_train(ns) if ns.action == "train" else command.run_eval(ns)
+    try:
+        return command.run_train(ns) if ns.action == "train" else command.run_eval(ns)
+    except InvalidArgumentError as e:  # a weights file that is missing or not a prior's
+        raise UsageError(str(e).strip().splitlines()[0]) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -298,6 +298,15 @@ USAGE_ERRORS = {
     "calibrate bad mesh": (["calibrate", "--mesh", "data:2", "--out", "{tmp}/p.json"], "--mesh"),
     "calibrate no out": (["calibrate", "--mesh", "data=2"], "--out"),
     "function fails": (["plan", "{tmp}/bad_fn.py:f", "--mesh", "data=2"], "f(float32[8, 4]) in"),
+    # a helper's CLI hunt: a traceback after planning, or after labelling for minutes, or numpy's
+    # "load it unsafely" advice
+    "json to no folder": (["plan", f"{EXAMPLE}:mlp", "--mesh", "data=2", "--json", "{tmp}/no/p.json"],
+                          "--json {tmp}/no/p.json: no folder"),
+    "html to a folder": (["plan", f"{EXAMPLE}:mlp", "--mesh", "data=2", "--html", "{tmp}"], "is a folder"),
+    "train to no folder": (["priors", "train", "--out", "{tmp}/no/w.npz"], "--out {tmp}/no/w.npz: no folder"),
+    "train no cases": (["priors", "train", "--out", "{tmp}/w.npz", "--cases", "0"], "--cases must be at least 1"),
+    "eval missing weights": (["priors", "eval", "--priors", "{tmp}/none.npz"], "is not a prior's weights file"),
+    "eval not weights": (["priors", "eval", "--priors", "{tmp}/bad_args.py"], "(not an .npz archive)"),
 }
 
 
@@ -319,7 +328,8 @@ def test_usage_errors_in_process(case: str, tmp_path: Path, capsys: pytest.Captu
     captured = capsys.readouterr()
     lines = [ln for ln in captured.err.splitlines() if ln.strip()]
     assert rc == 2, captured.err
-    assert len(lines) == 1 and lines[0].startswith("shardsat: error:") and expect in lines[0], captured.err
+    assert len(lines) == 1 and lines[0].startswith("shardsat: error:"), captured.err
+    assert expect.format(tmp=tmp_path) in lines[0], captured.err
     assert captured.out == ""
 
 

@@ -54,8 +54,10 @@ class PriorWeights:
             with np.load(path, allow_pickle=False) as data:
                 return cls._from(data, str(path))
         except (OSError, ValueError, KeyError) as e:
+            # numpy reads a file that is not an .npz archive as a pickle and suggests loading it unsafely
+            why = "not an .npz archive" if "pickle" in str(e) else str(e)
             raise InvalidArgumentError(
-                f"priors={str(path)!r} is not a prior's weights file ({e}). Make one with "
+                f"priors={str(path)!r} is not a prior's weights file ({why}). Make one with "
                 "`python -m shardsat priors train --out FILE`, or pass priors='builtin'.") from e
 
     @classmethod
