@@ -544,3 +544,40 @@ def test_stack_tile_and_barriers_keep_their_operands_split(name):
     assert not [c for c in plan.cost.collectives if c.kind == "all-gather"]
     assert_equivalent(plan, fn, *args)
     assert_hlo_matches(plan, *args)
+
+
+# -- operands XLA would get wrong (runtime/guards.py) ------------------------------------------------
+def test_split_one_element_scatter_after_a_replicated_producer():
+    """Regression (a helper's ops hunt): next-token targets, `jnp.roll(t, -1).at[-1].set(-100)` on
+    a 1-D array, planned with the scatter split 8 ways: XLA's one-element scatter rewrite read
+    "the old element" from the unsplit array and rewrote the last element of every shard
+    (positions 511, 1023, ... of 4096). jax.jit with the same constraints does the same."""
+    mesh = jax.make_mesh((8,), ("x",))
+    tokens = jnp.asarray(integers(1000, 4096))
+
+    def targets(t):
+        return jnp.roll(t, -1).at[-1].set(-100)
+
+    plan = shardsat.saturate_and_extract(targets, mesh, tokens)
+    assert plan.out_shardings.spec == P("x")  # the case: the scatter runs split
+    np.testing.assert_array_equal(plan.jit()(tokens), jax.jit(targets)(tokens))
+    pinned = shardsat.saturate_and_extract(lambda r: jnp.roll(r, 1).at[0].set(-1.0), mesh, jnp.arange(24.0),
+                                           in_shardings=(P("x"),), out_shardings=P("x"))
+    np.testing.assert_array_equal(pinned.jit()(jnp.arange(24.0)), jnp.roll(jnp.arange(24.0), 1).at[0].set(-1.0))
+
+
+def test_dynamic_slice_past_the_end_with_its_result_split():
+    """Regression (a helper's ops hunt): a batch window `dynamic_slice_in_dim(data, start, 256)`
+    whose result the plan splits over the sliced dimension: XLA merged the two slices per shard
+    and clamped the start per shard, so start 300 (clamped to 256 by jax) gave other rows."""
+    mesh = jax.make_mesh((8,), ("data",))
+    data, w = normal(512, 256), normal(256, 256, scale=1 / 16)
+
+    def batch_out(data, w, start):
+        xb = lax.dynamic_slice_in_dim(data, start, 256, axis=0)
+        return jnp.tanh(xb @ w) @ w
+
+    plan = shardsat.saturate_and_extract(batch_out, mesh, data, w, jnp.int32(0))
+    assert plan.out_shardings.spec == P("data")  # the case
+    for start in (0, 256, 300, -5, 10_000):
+        assert_equivalent(plan, batch_out, data, w, jnp.int32(start))

@@ -24,6 +24,7 @@ from ..egraph.program import SCAN_PSEUDO, Literal, Program, bind
 from ..extract.assignment import EqnRun
 from ..extract.result import ReshardStep
 from ..rules.registry import rule_for
+from .guards import guarded
 from .local import check_local, local_params
 
 
@@ -129,6 +130,8 @@ class Interpreter:
             return
         operands = [a.value if isinstance(a, Literal) else scope.view(a, lid)
                     for a, lid in zip(eqn.inputs, operand_lids, strict=True)]
+        shapes = [jnp.shape(a.value) if isinstance(a, Literal) else self.program.values[a].shape for a in eqn.inputs]
+        operands = guarded(eqn, operands, shapes, operand_lids[0], layouts, self.axes)
         # a user's own pin is replaced by the plan's constraint on the result
         outs = operands[0] if rule_for(eqn.primitive).pin is not None else bind(eqn.primitive, operands, eqn.params)
         if not eqn.primitive.multiple_results:
