@@ -131,7 +131,7 @@ class Interpreter:
         operands = [a.value if isinstance(a, Literal) else scope.view(a, lid)
                     for a, lid in zip(eqn.inputs, operand_lids, strict=True)]
         shapes = [jnp.shape(a.value) if isinstance(a, Literal) else self.program.values[a].shape for a in eqn.inputs]
-        operands = guarded(eqn, operands, shapes, operand_lids[0], layouts, self.axes)
+        operands = guarded(eqn, operands, shapes, next(iter(operand_lids), None), layouts, self.axes)
         # a user's own pin is replaced by the plan's constraint on the result
         outs = operands[0] if rule_for(eqn.primitive).pin is not None else bind(eqn.primitive, operands, eqn.params)
         if not eqn.primitive.multiple_results:
