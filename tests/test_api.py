@@ -403,10 +403,14 @@ def test_plan_runs_inside_jit_and_grad_under_the_callers_mesh(kind):
     with jax.set_mesh(mesh):
         y = jax.jit(lambda p, x: plan.jit()(p, x) * 2.0)(p, x)
         g = jax.jit(jax.grad(loss(plan.jit())))(p, x)
+        # eager, the batch closed over (a concrete array in the grad's trace): jit typed it
+        # replicated on the caller's mesh and refused it (a helper's ops hunt: ValueError)
+        eager = jax.grad(lambda p: loss(plan.jit())(p, x))(p)
     want = jax.grad(loss(fn))(p, x)
     np.testing.assert_allclose(np.asarray(y), 2.0 * np.asarray(fn(p, x)), rtol=1e-5)
     for k in p:
         np.testing.assert_allclose(np.asarray(g[k]), np.asarray(want[k]), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(eager[k]), np.asarray(want[k]), rtol=1e-4, atol=1e-6)
     other = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind,) * 2)
     if kind == AxisType.Explicit:
         with jax.set_mesh(other), pytest.raises(shardsat.ShardsatError, match="not the plan's mesh"):

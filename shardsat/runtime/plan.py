@@ -210,7 +210,7 @@ class PlannedFunction:
         if self.mesh is None or context.empty:
             return self._run(self.jitted, args)
         if not _trace_state_clean():
-            return self._run(self._traced(context), args)
+            return self._run(self._traced(context), self._placed_on(context, args))
         # Inside `jax.set_mesh(mesh)` (the way Explicit axes are used) the plan's constraints on
         # its Auto copy of the mesh would be type errors: it runs under its own mesh, and its
         # outputs are handed back on the caller's, where they are usable
@@ -223,6 +223,20 @@ class PlannedFunction:
         return jax.tree_util.tree_map(
             lambda y: jax.device_put(y, NamedSharding(caller, y.sharding.spec))
             if isinstance(getattr(y, "sharding", None), NamedSharding) else y, out)
+
+    def _placed_on(self, context: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Concrete arrays a caller's trace under `jax.set_mesh` passes in (the batch an eager
+        jax.grad closes over) placed in the plan's layouts on the caller's mesh: jit typed them
+        replicated on it and refused them against the plan's in_shardings (ValueError). The
+        trace's own values are its to place."""
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        shardings = jax.tree_util.tree_leaves(self.in_shardings)
+        if len(shardings) != len(leaves):
+            return args
+        caller = _concrete_mesh(context, self.mesh)  # type: ignore[arg-type]
+        moved = [jax.device_put(x, NamedSharding(caller, s.spec)) if isinstance(x, jax.Array) else x
+                 for x, s in zip(leaves, shardings, strict=True)]
+        return jax.tree_util.tree_unflatten(tree, moved)
 
     def _traced(self, context: Any) -> Any:
         """The plan as a caller's trace under `jax.set_mesh` calls it (inside jax.jit, grad or
