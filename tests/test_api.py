@@ -448,3 +448,36 @@ def test_profile_rates_for_axes_the_mesh_lacks_are_warned_of():
         shardsat.saturate_and_extract(jnp.sin, mesh24(), jnp.ones((8, 16)), profile=prof)
     assert all(issubclass(w, shardsat.ShardsatWarning) for w in
                (shardsat.ConstraintWarning, shardsat.FallbackWarning, shardsat.MemoryLimitWarning))
+
+
+def test_plan_deepcopy_keyword_memory_and_constant_outputs():
+    """Regressions (a helper's API hunt): copy.deepcopy(plan) raised TypeError (then, past that,
+    cloned jax's primitives without their lowering rules); compiled_memory took no keyword
+    arguments, though plan.jit() does; explain() showed an output made from x.shape[0] as
+    `literal TypedInt(8, dtype=int32)`."""
+    import copy
+
+    def f(p, x):
+        return jnp.tanh(x @ p), x.shape[0]
+
+    p, x = jnp.ones((16, 16)), jnp.ones((8, 16))
+    plan = shardsat.saturate_and_extract(f, mesh24(), p, x)
+    twin = copy.deepcopy(plan)
+    np.testing.assert_array_equal(twin.jit()(p, x)[0], plan.jit()(p, x)[0])
+    twin.report.memory_limit = 1  # its own report
+    assert plan.report.memory_limit != 1
+    assert plan.compiled_memory(p=p, x=x) == plan.compiled_memory(p, x) > 0
+    assert "int32[] constant 8" in plan.explain() and "TypedInt" not in plan.explain()
+
+
+def test_a_default_argument_given_at_call_is_named():
+    """Regression (a helper's API hunt): f(x, scale=3.0) on a plan made for f(x) was refused
+    with "structure PyTreeDef((*, *)), planned PyTreeDef((*,))", naming no argument."""
+    def f(x, scale=2.0):
+        return x * scale
+
+    x = jnp.ones((8, 16))
+    plan = shardsat.saturate_and_extract(f, mesh24(), x)
+    np.testing.assert_array_equal(plan.jit()(x=x), x * 2.0)
+    with pytest.raises(shardsat.InvalidArgumentError, match="got argument\\(s\\) 'scale' the plan was not made for"):
+        plan.jit()(x, scale=3.0)

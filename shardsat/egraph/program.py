@@ -143,6 +143,11 @@ class _Origin(str):
         out.scope = scope
         return out
 
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        """copy.deepcopy and pickle rebuild it with its scope (str's own takes the text alone:
+        deepcopy of a Plan raised TypeError)."""
+        return (_Origin, (str(self), self.scope))
+
 
 # Pseudo-primitives connecting a region (a scan or while body, a cond branch) to the program
 # around it; never bound.

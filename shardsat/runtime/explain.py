@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..egraph.program import Literal
 from ..egraph.scopes import loop_scope
 
@@ -76,7 +78,8 @@ def explain(plan: Plan) -> str:
     rows = []
     for k, (o, lid) in enumerate(zip(prog.outputs, plan.extraction.root_layouts, strict=True)):
         if isinstance(o, Literal):
-            rows.append([prog.out_paths[k], f"literal {o.value!r}", "P()"])
+            value = np.asarray(o.value).item()  # a plain number, not jax's TypedInt(8, dtype=int32)
+            rows.append([prog.out_paths[k], f"{o.dtype}[] constant {value!r}", "P()"])
         else:
             rows.append([prog.out_paths[k], shape(o), plan.layouts[lid].describe(axes) if lid is not None else "?"])
     lines += _table(["output", "type", "layout"], rows)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections import Counter
 from collections.abc import Callable
@@ -160,6 +161,13 @@ class PlannedFunction:
             raise InvalidArgumentError(
                 f"plan.jit() got keyword-only arguments {sorted(bound.kwargs)}: the plan was made for positional "
                 "arguments. Consider functools.partial(fn, ...) for them before planning.")
+        planned = None if self.planned is None else len(self.planned.tree.children())
+        if planned is not None and len(bound.args) > planned:
+            extra = list(bound.arguments)[planned:len(bound.args)]
+            raise InvalidArgumentError(
+                f"plan.jit() got argument(s) {', '.join(map(repr, extra))} the plan was not made for (it was "
+                f"planned with {planned} positional argument(s), their defaults left as they are). Consider "
+                "planning with them given, or functools.partial(fn, ...) for them before planning.")
         return tuple(bound.args)
 
     def _prepare(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -314,6 +322,17 @@ class Plan:
         self.cost = costed.cost
         self._jitted: Any = None
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Plan:
+        """A copy with its own report, sharing the traced program and the search's record: they
+        hold jax primitives, which copy.deepcopy would clone without their lowering rules (the
+        copy's jit then failed: "MLIR translation rule for primitive 'dot_general' not found").
+        A plan is not changed after planning; plan.save() is how to keep one."""
+        out = copy.copy(self)
+        out.report = copy.copy(self.report)
+        out._jitted = None
+        memo[id(self)] = out
+        return out
+
     def layout_of(self, vid: int) -> Layout | None:
         lid = self.produced.get(vid)
         return None if lid is None else self.layouts[lid]
@@ -342,11 +361,11 @@ class Plan:
         return self._out_shardings(self.mesh)
 
     # -- running --------------------------------------------------------------------------------
-    def compiled_memory(self, *args: Any) -> int | None:
+    def compiled_memory(self, *args: Any, **kwargs: Any) -> int | None:
         """Bytes per device XLA allocates for this plan, compiled for the mesh's devices with
         loop-carried state donated: memory_analysis()'s arguments + outputs - aliased + temps.
         None where the backend does not report it. The reference for `cost.memory`."""
-        ma = self.jit().lower(*args).compile().memory_analysis()
+        ma = self.jit().lower(*args, **kwargs).compile().memory_analysis()
         if ma is None:
             return None
         parts = [getattr(ma, f"{n}_size_in_bytes", None) for n in ("argument", "output", "alias", "temp")]
@@ -355,11 +374,11 @@ class Plan:
         arg, out, alias, temp = (int(p) for p in parts)  # type: ignore[arg-type]
         return arg + out - alias + temp
 
-    def compiled_argument_copies(self, *args: Any) -> list[str]:
+    def compiled_argument_copies(self, *args: Any, **kwargs: Any) -> list[str]:
         """The paths of the arguments XLA copies whole in the compiled program (copy insertion:
         a donated argument read where nothing orders the read before its new value is written),
         sorted. The reference for `cost.memory.copied`."""
-        return copied_arguments(self.jit().lower(*args).compile().as_text())
+        return copied_arguments(self.jit().lower(*args, **kwargs).compile().as_text())
 
     def jit(self, *, donate_argnums: tuple[int, ...] | None = None) -> Any:
         """`jax.jit` of the planned program with the plan's shardings. Loop-carried state
