@@ -599,7 +599,8 @@ def _extract(req: _Request, policy: SearchPolicy, problem: Problem, node_cost: n
             raise
         raise StoppedEarlyError(
             f"{e} The search stopped early at the {sat.stop_reason.value} ({sat.iterations} iterations, "
-            f"{sat.nodes} e-nodes, {sat.seconds:.2f} s) before every value had a plan. Consider raising "
+            f"{sat.nodes:,} e-nodes; saturation ran {sat.seconds:.2f} s, and the time limit counts from the start "
+            f"of planning, tracing included) before every value had a plan. Consider raising "
             f"shardsat.Limits (now {limits})."
         ) from e
     return extraction, memory
