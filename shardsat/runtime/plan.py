@@ -233,10 +233,11 @@ class PlannedFunction:
             if isinstance(getattr(y, "sharding", None), NamedSharding) else y, out)
 
     def _placed_on(self, context: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        """Concrete arrays a caller's trace under `jax.set_mesh` passes in (the batch an eager
-        jax.grad closes over) placed in the plan's layouts on the caller's mesh: jit typed them
-        replicated on it and refused them against the plan's in_shardings (ValueError). The
-        trace's own values are its to place."""
+        """The arguments a caller's trace under `jax.set_mesh` passes in, placed in the plan's
+        layouts on the caller's mesh: in an eager jax.grad or jvp, jit typed a closed-over batch
+        (or a primal) replicated there and refused it against the plan's in_shardings
+        (ValueError); under the caller's jax.jit the placement is a constraint the plan makes
+        anyway. An eager jax.vmap there is still refused (a batched value's placement), as before."""
         leaves, tree = jax.tree_util.tree_flatten(args)
         shardings = jax.tree_util.tree_leaves(self.in_shardings)
         if len(shardings) != len(leaves):
