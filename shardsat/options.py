@@ -177,7 +177,7 @@ def profile_axes_unknown(profile: DeviceProfile, mesh: Mesh) -> str | None:
     if not odd:
         return None
     hints = [f"{k!r} -> {near[0]!r}" for k in odd if (near := difflib.get_close_matches(k, names, n=1))]
-    return (f"The profile gives link rates for axes {', '.join(map(repr, odd))}, which mesh {tuple(names)} lacks: "
+    return (f"The profile gives link rates or latencies for axes {', '.join(map(repr, odd))}, which mesh {tuple(names)} lacks: "
             "they are not used." + (f" Did you mean {', '.join(hints)}?" if hints else ""))
 
 

@@ -48,16 +48,16 @@ def _clamped(starts: list[Any], shape: Shape, sizes: Sequence[int]) -> list[Any]
 
 
 def split_indexed(eqn: Any, operand_lid: int | None, layouts: Sequence[Layout], axes: MeshAxes,
-                  shapes: list[Shape]) -> dict[int, Any]:
-    """Per indexed operand dimension of a scatter with a one-element window that the operand's
-    layout splits: its PartitionSpec entry. `shapes`: (operand, indices, updates)."""
+                  shapes: list[Shape]) -> bool:
+    """Whether `eqn` is a scatter with a one-element window along an indexed operand dimension
+    that the operand's layout splits. `shapes`: (operand, indices, updates)."""
     if eqn.name not in SCATTERS or operand_lid is None:
-        return {}
+        return False
     dn = eqn.params["dimension_numbers"]
     spec = layouts[operand_lid].spec(axes)
     entries = list(spec) + [None] * (len(shapes[0]) - len(spec))
-    return {d: entries[d] for d in dn.scatter_dims_to_operand_dims
-            if entries[d] is not None and _window(dn, d, shapes[0], shapes[2]) == 1}
+    return any(entries[d] is not None and _window(dn, d, shapes[0], shapes[2]) == 1
+               for d in dn.scatter_dims_to_operand_dims)
 
 
 def _window(dn: Any, d: int, op_shape: Shape, upd_shape: Shape) -> int:
