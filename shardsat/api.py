@@ -59,6 +59,7 @@ from .extract.result import Extraction
 from .extract.search import MemoryNotMetError, Problem, best_plan, fit_memory
 from .extract.seeds import seeds
 from .extract.structure import combinable_groups
+from .fitting import Fitting, fit
 from .limits import Limits, StopReason
 from .options import FALLBACKS as FALLBACKS  # re-exported: it was defined here
 from .options import check_options, memory_limit_problem, multihost_problem, profile_axes_unknown
@@ -322,10 +323,16 @@ def _plan_in(req: _Request, prepared: Prepared, start: float, shown: Progress) -
 
     shown.update("extracting", f"{graph.num_classes:,} e-classes, {graph.size:,} e-nodes")
 
-    def plan_within(bound: int | None) -> Plan:
-        extraction, memory = _extract(req, policy, problem, node_cost, full_roots, memory_of, bound, deadline, sat)
-        t2 = time.perf_counter()
-        report = _report(prepared, sat, graph, tables, extraction, skipped, t2 - t1, deadline)
+    free: list[Extraction] = []  # the search's plan with no limit: searched once, whatever bounds are tried
+
+    def unbounded() -> Extraction:
+        if not free:
+            free.append(full_roots(best_plan(problem, node_cost, deadline, policy)))
+        return free[0]
+
+    def plan_of(extraction: Extraction, memory: MemoryEstimate | None) -> Plan:
+        extraction = full_roots(extraction)
+        report = _report(prepared, sat, graph, tables, extraction, skipped, time.perf_counter() - t1, deadline)
         costed = cost_plan(program, graph, spaces, tables, extraction, model=model, arg_pins=arg_pins,
                            ties=tie_pairs, memory=memory)
         return Plan(fn=req.fn, program=program, mesh=req.mesh, spaces=spaces, tables=tables, graph=graph,
@@ -333,9 +340,14 @@ def _plan_in(req: _Request, prepared: Prepared, start: float, shown: Progress) -
                     ties=tie_pairs, state_argnums=_argnums_of(program, [a for a, _ in tie_pairs]),
                     origin=Origin(prepared.fingerprint, prepared.folded, prepared.rewrites))
 
-    plan = plan_within(limit)
-    if limit is not None:
-        plan = _fit_compiled(plan, limit, req, plan_within)
+    def plan_within(bound: int | None) -> Plan:
+        return plan_of(*_extract(req, policy, problem, unbounded, full_roots, memory_of, bound, deadline, sat))
+
+    if limit is None:
+        plan = plan_within(None)
+    else:
+        plan = fit(Fitting(limit, req.example_args, req.memory_limit == "device", prof.name, plan_within, plan_of,
+                           lambda: memory_of(unbounded()).total))
     shown.update("done", f"{plan.extraction.total_s * 1e6:,.1f} us predicted")
     shown.close()
     if limit is not None and plan.cost.memory is not None:
@@ -367,56 +379,6 @@ def _report(prepared: Prepared, sat: SaturationReport, graph: ExportedGraph, tab
         unkept=list(prepared.unkept),
         narrowed=sat.narrowed,
     )
-
-
-# The estimate is close to XLA's but not exact: a plan is compiled and its memory_analysis()
-# checked unless its estimate is under COMPILE_CHECK_SHARE of the limit *and* COMPILE_CHECK_BYTES
-# below it. The first covers the estimate's relative error on large programs (within 15% where
-# measured), the second its absolute error on small ones (XLA's small buffers and scratch, which
-# the model does not have: a 4 KB limit met by a 2 KB estimate can compile to 5 KB), where the
-# compile is cheap. A plan over the limit is planned again under a limit scaled by how far the
-# estimate was off, a few times at most.
-COMPILE_CHECK_SHARE = 0.5
-COMPILE_CHECK_BYTES = 16 << 20
-COMPILE_CHECKS = 3
-
-
-def _checks_compiled(predicted: int | None, limit: int) -> bool:
-    """Whether a plan estimated at `predicted` bytes under `limit` is compiled to confirm it fits."""
-    if predicted is None or predicted > limit:  # over already: the device default's smallest plan, warned
-        return False
-    return predicted >= COMPILE_CHECK_SHARE * limit or limit - predicted < COMPILE_CHECK_BYTES
-
-
-def _fit_compiled(plan: Plan, limit: int, req: _Request, plan_within: Callable[[int], Plan]) -> Plan:
-    """A plan whose compiled memory (what XLA allocates on the mesh's devices) fits `limit`:
-    `memory_limit` means what it says even where the estimate is low."""
-    bound = limit
-    for attempt in range(COMPILE_CHECKS + 1):
-        if not _checks_compiled(plan.cost.memory.total if plan.cost.memory is not None else None, limit):
-            return plan
-        compiled = plan.compiled_memory(*req.example_args)
-        if compiled is None or compiled <= limit:
-            return plan
-        if attempt == COMPILE_CHECKS:  # the last plan is checked too: none is returned over the limit
-            assert plan.cost.memory is not None
-            why = (f"No plan fits memory_limit={limit:,} bytes per device as compiled: {COMPILE_CHECKS} plans "
-                   f"estimated to fit compile to more, the last to {compiled:,} bytes.")
-            if req.memory_limit == "device":  # the device's own memory: warn, as _extract does
-                warn_user(f"{why} Returning that plan: it may not fit on {req.profile.name} devices.",
-                          MemoryLimitWarning)
-                return plan
-            raise MemoryNotMetError(plan.extraction, plan.cost.memory,
-                                    f"{why} Consider a larger mesh, a smaller batch, or memory_limit >= {compiled:,}.")
-        bound = int(bound * min(limit / compiled, 0.99))
-        try:
-            plan = plan_within(bound)
-        except MemoryNotMetError as e:
-            raise MemoryNotMetError(
-                e.smallest, e.memory,
-                f"No plan fits memory_limit={limit:,} bytes per device as compiled: the plan estimated to fit "
-                f"compiles to {compiled:,} bytes, and none estimated under {bound:,} bytes was found. {e}") from e
-    return plan
 
 
 def _saturate(req: _Request, program: Program, spaces: SpaceTable, deadline: float, shown: Progress,
@@ -574,13 +536,13 @@ def _weights(program: Program, graph: ExportedGraph) -> np.ndarray:
     return weight
 
 
-def _extract(req: _Request, policy: SearchPolicy, problem: Problem, node_cost: np.ndarray, full_roots: Callable[[Extraction], Extraction],
-             memory_of: Callable[[Extraction], MemoryEstimate], limit: int | None, deadline: float,
+def _extract(req: _Request, policy: SearchPolicy, problem: Problem, unbounded: Callable[[], Extraction],
+             full_roots: Callable[[Extraction], Extraction], memory_of: Callable[[Extraction], MemoryEstimate], limit: int | None, deadline: float,
              sat: SaturationReport) -> tuple[Extraction, MemoryEstimate | None]:
     """The best plan the policy's search finds, within the memory limit where there is one."""
     limits = req.limits
     try:
-        extraction = full_roots(best_plan(problem, node_cost, deadline, policy))
+        extraction = unbounded()
         memory = None
         if limit is not None:
             try:

@@ -52,6 +52,7 @@ class Report(HasBound):
     exact_status: str | None = None  # the exact integer program's outcome, where it ran
     memory_limit: int | None = None  # bytes per device, when planned under a limit
     memory_headroom: int | None = None  # limit minus the plan's estimate
+    memory_compiled: int | None = None  # XLA's bytes per device, where the plan was compiled to check the limit
     # a plan loaded from a file (shardsat.load_plan, cache_dir): the file, and the seconds it
     # took to trace and restore; the fields above describe the search that made it
     loaded_from: str | None = None
@@ -76,6 +77,8 @@ class Report(HasBound):
         )
         if self.memory_limit is not None:
             s += f"; memory limit {self.memory_limit:,} B per device, headroom {self.memory_headroom:,} B"
+            if self.memory_compiled is not None:
+                s += f" (compiled: {self.memory_compiled:,} B)"
         if self.narrowed:
             s += f"; {self.narrowed:,} (value, layout) pairs left out by the prior"
         if self.fallbacks:
