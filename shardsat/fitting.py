@@ -7,6 +7,7 @@ the other way."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -107,6 +108,9 @@ def _tightened(f: Fitting, plan: Plan) -> tuple[Plan, int | None]:
         try:
             plan = f.plan_within(bound)
         except MemoryNotMetError as e:
+            if e.memory.total < est:  # not the plan just compiled: the smallest may still fit as compiled
+                with contextlib.suppress(MemoryNotMetError):
+                    return _smallest_fits(f, e)
             raise MemoryNotMetError(
                 e.smallest, e.memory,
                 f"No plan fits memory_limit={limit:,} bytes per device as compiled: the plan estimated to fit "

@@ -204,6 +204,23 @@ def test_a_plan_compiled_over_the_limit_is_replanned_by_its_own_error(data8, mon
     assert_equivalent(plan, mlp, ws, x)
 
 
+def test_the_smallest_plan_is_compiled_when_planning_again_finds_none(data8, monkeypatch):
+    """The estimate's error differs between plans: one plan compiling at twice its estimate
+    asks for a bound no plan meets, while a smaller plan estimated under the limit compiles
+    under it; that one is returned, not a MemoryNotMetError."""
+    from shardsat.runtime.plan import Plan
+
+    ws, x = mlp_args(jax.random.PRNGKey(0))
+    free = shardsat.saturate_and_extract(mlp, data8, ws, x, memory_limit=None, profile="h100")
+    real, big = Plan.compiled_memory, free.cost.memory.total
+    monkeypatch.setattr(Plan, "compiled_memory",
+                        lambda self, *a: real(self, *a) * (2 if self.cost.memory.total == big else 1))
+    limit = int(big * 1.05)
+    plan = shardsat.saturate_and_extract(mlp, data8, ws, x, memory_limit=limit, profile="h100")
+    assert plan.cost.memory.total < big and plan.compiled_memory(ws, x) <= limit
+    assert_equivalent(plan, mlp, ws, x)
+
+
 def test_unused_pinned_argument_is_priced_in_its_pin(data8):
     """An argument the program never reads is passed in its pinned layout: priced split, and
     apart from the total (jax.jit does not pass it to the compiled program)."""
