@@ -469,43 +469,40 @@ def fit_memory(
     policy: SearchPolicy,
     steps: int = 14,
 ) -> tuple[Extraction, MemoryEstimate]:
-    """The cheapest plan found whose memory estimate is within `limit` bytes per device."""
+    """The cheapest plan found whose memory estimate is within `limit` bytes per device: plans
+    under node costs plus a price per byte held, the price raised 4x until one fits."""
     mem = estimate(first)
     if mem.total <= limit:
         return first, mem
     weights = node_bytes(p)
     pressed = policy.greedy(restarts=False, bound=False)  # _reprice drops a pressed plan's bound
+    tried: list[tuple[float, Extraction, MemoryEstimate]] = []
+
+    def at(lam: float) -> tuple[Extraction, MemoryEstimate]:
+        ex = _reprice(best_plan(p, p.node_cost + lam * weights, deadline, pressed), p.node_cost)
+        tried.append((lam, ex, estimate(ex)))
+        return ex, tried[-1][2]
+
     lam = first.total_s / max(mem.total, 1)
-    smallest = (mem.total, mem)
-    smallest_plan = first
-    fit: tuple[Extraction, MemoryEstimate, float] | None = None
-    low = 0.0
     for _ in range(steps):
         if time.perf_counter() >= deadline:
             break
-        ex = _reprice(best_plan(p, p.node_cost + lam * weights, deadline, pressed), p.node_cost)
-        m = estimate(ex)
-        if m.total < smallest[0]:
-            smallest, smallest_plan = (m.total, m), ex
-        if m.total <= limit:
-            fit = (ex, m, lam)
+        if at(lam)[1].total <= limit:
             break
-        low = lam
         lam *= 4.0
+    fit = _fitting(tried, limit) or _between(at, tried, limit, deadline)
     if fit is None:
-        m = smallest[1]
-        raise MemoryNotMetError(smallest_plan, m,
+        _, smallest, m = min(tried, key=lambda t: t[2].total, default=(0.0, first, mem))
+        raise MemoryNotMetError(smallest, m,
             f"No plan fits memory_limit={limit:,} bytes per device. The smallest plan found needs "
-            f"{smallest[0]:,} bytes ({m.parts()}). Consider a larger mesh, "
-            "a smaller batch, or memory_limit >= that."
-        )
+            f"{m.total:,} bytes ({m.parts()}). Consider a larger mesh, a smaller batch, or memory_limit >= that.")
     ex, m, hi = fit
+    low = max((t[0] for t in tried if t[0] < hi and t[2].total > limit), default=0.0)
     for _ in range(3):  # a cheaper plan may fit with less pressure
         if time.perf_counter() >= deadline or hi <= low * 1.01:
             break
         mid = (low * hi) ** 0.5 if low > 0 else hi / 4
-        cand = _reprice(best_plan(p, p.node_cost + mid * weights, deadline, pressed), p.node_cost)
-        cm = estimate(cand)
+        cand, cm = at(mid)
         if cm.total <= limit:
             hi = mid
             if cand.total_s < ex.total_s:
@@ -515,6 +512,31 @@ def fit_memory(
     # a bound without the memory limit bounds plans within it (computed when either gap is read)
     ex.bound.defer(lambda: first.lower_bound_s, ex.total_s)
     return ex, m
+
+
+def _fitting(tried: list[tuple[float, Extraction, MemoryEstimate]],
+             limit: int) -> tuple[Extraction, MemoryEstimate, float] | None:
+    """The first plan tried that fits, with its price per byte."""
+    return next(((ex, m, lam) for lam, ex, m in tried if m.total <= limit), None)
+
+
+def _between(at: Callable[[float], tuple[Extraction, MemoryEstimate]],
+             tried: list[tuple[float, Extraction, MemoryEstimate]], limit: int,
+             deadline: float) -> tuple[Extraction, MemoryEstimate, float] | None:
+    """Where no price 4x apart fit: prices between them, around the smallest plan's. The bytes
+    a price buys are not monotone in it (more pressure can choose worse layouts by the search's
+    per-node proxy), so a plan smaller than every one on the ladder can lie between two rungs."""
+    if not tried:
+        return None
+    lam0 = min(tried, key=lambda t: t[2].total)[0]
+    for t in (0.5, -0.5, 0.25, -0.25, 0.75, -0.75):
+        if time.perf_counter() >= deadline:
+            break
+        lam = lam0 * 4.0 ** t
+        ex, m = at(lam)
+        if m.total <= limit:
+            return ex, m, lam
+    return None
 
 
 __all__ = ["MemoryNotMetError", "Problem", "best_plan", "fit_memory"]
