@@ -172,8 +172,8 @@ def saturate_and_extract(
       state): each comes back as an output subtree of the same structure and keeps one layout in
       and out, so `plan.jit()` can run in a loop with no resharding between steps; their buffers
       are donated. "auto" ties every argument that comes back.
-    memory_limit: bytes per device as XLA allocates them (`plan.cost.memory.total` estimates it; a
-      plan estimated near the limit is compiled and checked); raises NoPlanError naming the
+    memory_limit: bytes per device as XLA allocates them (`plan.cost.memory.total` estimates it;
+      plans near the limit are compiled and checked, see fitting.py); raises NoPlanError naming the
       smallest plan found if none fits. "device" (the default): the profile's `memory_bytes` (H100: 60 GB,
       JAX's default 75% of HBM), where no fitting plan gives the smallest one found and a
       shardsat.MemoryLimitWarning instead of an error; None: no limit.
