@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import MemoryLimitWarning, warn_user
+from .errors import MemoryLimitWarning, NoPlanError, warn_user
 from .extract.memory import MemoryEstimate
 from .extract.result import Extraction
 from .extract.search import MemoryNotMetError
@@ -141,7 +141,7 @@ def _loosened(f: Fitting, plan: Plan, compiled: int | None) -> Plan:
         return plan
     try:
         other = f.plan_within(int(est * f.limit / compiled))
-    except MemoryNotMetError:
+    except NoPlanError:  # out of time, say: the plan in hand fits
         return plan
     if other.extraction.total_s >= plan.extraction.total_s:
         return plan

@@ -191,6 +191,27 @@ def test_a_high_estimate_lets_a_faster_plan_in(data8, monkeypatch):
     assert_equivalent(plan, mlp, ws, x)
 
 
+def test_a_faster_plan_that_runs_out_of_time_keeps_the_plan_in_hand(data8, monkeypatch):
+    """Trying a faster plan is optional: where it stops early (the time limit), the plan that
+    fits comes back, not StoppedEarlyError."""
+    import shardsat.api as api
+
+    ws, x = mlp_args(jax.random.PRNGKey(0))
+    free = shardsat.saturate_and_extract(mlp, data8, ws, x, memory_limit=None, profile="h100")
+    limit = int(free.cost.memory.total * 0.85)
+    real = api._extract
+
+    def late(req, policy, problem, unbounded, full_roots, memory_of, bound, *rest):
+        if bound is not None and bound > limit:
+            raise shardsat.StoppedEarlyError("out of time")
+        return real(req, policy, problem, unbounded, full_roots, memory_of, bound, *rest)
+
+    monkeypatch.setattr(api, "_extract", late)
+    _scaled_compile(monkeypatch, 0.8)
+    plan = shardsat.saturate_and_extract(mlp, data8, ws, x, memory_limit=limit, profile="h100")
+    assert plan.cost.memory.total <= limit and plan.compiled_memory(ws, x) <= limit
+
+
 def test_a_plan_compiled_over_the_limit_is_replanned_by_its_own_error(data8, monkeypatch):
     """A plan estimated far under the limit that compiles over it: the bound planned again is
     its estimate scaled by how far it was off, not the limit scaled, which found the same plan
