@@ -492,7 +492,8 @@ def fit_memory(
         lam *= 4.0
     fit = _fitting(tried, limit) or _between(at, tried, limit, deadline)
     if fit is None:
-        _, smallest, m = min(tried, key=lambda t: t[2].total, default=(0.0, first, mem))
+        # the plan with no pressure too: pressure by the per-node proxy can make every plan larger
+        _, smallest, m = min([(0.0, first, mem), *tried], key=lambda t: t[2].total)
         raise MemoryNotMetError(smallest, m,
             f"No plan fits memory_limit={limit:,} bytes per device. The smallest plan found needs "
             f"{m.total:,} bytes ({m.parts()}). Consider a larger mesh, a smaller batch, or memory_limit >= that.")
