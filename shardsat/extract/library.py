@@ -267,6 +267,8 @@ def _fed(ms: set[int], operands: Sequence[Sequence[int]], seq: Sequence[Equation
     out: set[int] = set()
     for t in ms:
         for p in operands[t]:
+            if p not in ms and seq[p].name == "neg" and seq[t].name == "reduce_sum":
+                p = operands[p][0] if operands[p] else None  # the sum reads its operand (Timeline.hoisted)
             while p is not None and p not in ms and seq[p].name in _BITCASTS:
                 p = operands[p][0] if operands[p] else None  # None: a view of an argument
             if p is not None and p not in ms:

@@ -267,6 +267,9 @@ class Timeline:
                 readers.setdefault(k, []).append(e)
                 if self.reads_whole(e, pos, a):
                     whole.add(k)
+                b = self.hoisted(e, pos, a)
+                if b is not None and self.key(b) is not None and self._reduction_reads_whole(e, pos, b):
+                    whole.add(self.key(b))  # type: ignore[arg-type]
         boundary: set[Key] = set()
         for o in prog.outputs:
             if isinstance(o, int) and self.key(o) is not None:
@@ -351,6 +354,26 @@ class Timeline:
             return False
         if self.unfused_concatenation(e) or (e.outputs and fusion.folds_into_dots(e, self._readers.get(e.outputs[0], []))):
             return True  # a copy; a transpose folded into the products, which read its operand whole
+        if self.hoisted(e, pos, a) is not None:
+            return False  # the sum reads the negation's operand (_static_stored counts that read)
+        return self._reduction_reads_whole(e, pos, a)
+
+    def hoisted(self, e: Equation, pos: int, a: int) -> int | None:
+        """The operand `x` of a negation a sum reduces (`e` reading value `a` at `pos`), or None:
+        XLA's algebraic simplifier makes `reduce(-x)` `-reduce(x)`, so the reduction reads `x`
+        (whole where it cannot fuse it: a YNNPACK reduction of a scatter's result) and the
+        negation, of the small reduced value, is no buffer of `x`'s size. The softmax cross
+        entropy's gradient reduces the negated gradient of its log-probabilities that way."""
+        if e.name != "reduce_sum" or pos != 0:
+            return None
+        p = self.program.values[a].producer
+        src = self.program.equations[p] if p is not None else None
+        if src is None or src.name != "neg" or not src.inputs or not isinstance(src.inputs[0], int):
+            return None
+        return src.inputs[0]
+
+    def _reduction_reads_whole(self, e: Equation, pos: int, a: int) -> bool:
+        """fusion.reads_whole of operand `pos` of `e` read as value `a`, with YNNPACK's reductions."""
         v = self.program.values[a]
         library = False
         if fusion.kind(e) == fusion.Fuse.REDUCE and pos == 0:
