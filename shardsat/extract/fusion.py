@@ -131,6 +131,18 @@ def stored(eqn: Equation, readers: list[Equation], whole_read: bool, boundary: b
     return False
 
 
+def negated_sum_operand(eqn: Equation, pos: int, producer: Equation | None) -> int | None:
+    """The value a sum reads in place of its operand `pos` made by `producer`, or None: XLA's
+    algebraic simplifier makes `reduce(-x)` `-reduce(x)`, so the reduction reads `x` (whole
+    where it cannot fuse it: a YNNPACK sum of a scatter's result) and the negation, of the
+    small reduced value, is no buffer of `x`'s size (log_softmax's backward pass sums its
+    negated gradient so)."""
+    if eqn.name != "reduce_sum" or pos != 0 or producer is None or producer.name != "neg" or not producer.inputs:
+        return None
+    x = producer.inputs[0]
+    return x if isinstance(x, int) else None
+
+
 def duplicable(eqn: Equation, producers: Sequence[Equation | None], prog: Program) -> bool:
     """May XLA compute this cheap elementwise op again inside each consumer that fuses it, while
     a consumer that cannot (a product, a library reduction) reads it stored? Only where that

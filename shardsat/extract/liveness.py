@@ -268,7 +268,7 @@ class Timeline:
                 if self.reads_whole(e, pos, a):
                     whole.add(k)
                 b = self.hoisted(e, pos, a)
-                if b is not None and self.key(b) is not None and self._reduction_reads_whole(e, pos, b):
+                if b is not None and self.key(b) is not None and reduction_reads_whole(self, e, pos, b):
                     whole.add(self.key(b))  # type: ignore[arg-type]
         boundary: set[Key] = set()
         for o in prog.outputs:
@@ -356,34 +356,12 @@ class Timeline:
             return True  # a copy; a transpose folded into the products, which read its operand whole
         if self.hoisted(e, pos, a) is not None:
             return False  # the sum reads the negation's operand (_static_stored counts that read)
-        return self._reduction_reads_whole(e, pos, a)
+        return reduction_reads_whole(self, e, pos, a)
 
     def hoisted(self, e: Equation, pos: int, a: int) -> int | None:
-        """The operand `x` of a negation a sum reduces (`e` reading value `a` at `pos`), or None:
-        XLA's algebraic simplifier makes `reduce(-x)` `-reduce(x)`, so the reduction reads `x`
-        (whole where it cannot fuse it: a YNNPACK reduction of a scatter's result) and the
-        negation, of the small reduced value, is no buffer of `x`'s size. The softmax cross
-        entropy's gradient reduces the negated gradient of its log-probabilities that way."""
-        if e.name != "reduce_sum" or pos != 0:
-            return None
+        """fusion.negated_sum_operand of operand `pos` (value `a`) of `e`."""
         p = self.program.values[a].producer
-        src = self.program.equations[p] if p is not None else None
-        if src is None or src.name != "neg" or not src.inputs or not isinstance(src.inputs[0], int):
-            return None
-        return src.inputs[0]
-
-    def _reduction_reads_whole(self, e: Equation, pos: int, a: int) -> bool:
-        """fusion.reads_whole of operand `pos` of `e` read as value `a`, with YNNPACK's reductions."""
-        v = self.program.values[a]
-        library = False
-        if fusion.kind(e) == fusion.Fuse.REDUCE and pos == 0:
-            src = self._through_view(a)
-            library = fusion.ynn_reduce(e, v.shape, v.dtype, src, src is not None and self.masks(src))
-            if library and src is not None:
-                self._fed[id(e)] = src
-                if self.masks(src) and src.outputs:
-                    self.masked[src.outputs[0]] = self._mask_operand(src)
-        return fusion.reads_whole(e, pos, len(v.shape), library)
+        return fusion.negated_sum_operand(e, pos, None if p is None else self.program.equations[p])
 
     def _through_view(self, a: int) -> Equation | None:
         """The equation computing value `a`, looked through a view that is its source's only
@@ -513,6 +491,21 @@ def reader_kernels(readers: list[Equation], kernels: dict[Key, frozenset[object]
         for g in got:
             out |= g
     return frozenset(out)
+
+
+def reduction_reads_whole(tl: Timeline, e: Equation, pos: int, a: int) -> bool:
+    """fusion.reads_whole of operand `pos` of `e` read as value `a`, with YNNPACK's reductions
+    (noted in `tl`: the op a library reduction reads, a masking multiply it reads)."""
+    v = tl.program.values[a]
+    library = False
+    if fusion.kind(e) == fusion.Fuse.REDUCE and pos == 0:
+        src = tl._through_view(a)
+        library = fusion.ynn_reduce(e, v.shape, v.dtype, src, src is not None and tl.masks(src))
+        if library and src is not None:
+            tl._fed[id(e)] = src
+            if tl.masks(src) and src.outputs:
+                tl.masked[src.outputs[0]] = tl._mask_operand(src)
+    return fusion.reads_whole(e, pos, len(v.shape), library)
 
 
 def scatters_into_sums(tl: Timeline, readers: dict[Key, list[Equation]], made: dict[Key, Equation]) -> list[Key]:
