@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -454,10 +454,14 @@ def _node_bytes(p: Problem, per_run: bool) -> np.ndarray:
 class MemoryNotMetError(NoPlanError):
     """No plan found fits the memory limit; carries the smallest one found."""
 
-    def __init__(self, smallest: Extraction, memory: MemoryEstimate, message: str) -> None:
+    def __init__(self, smallest: Extraction, memory: MemoryEstimate, message: str,
+                 others: Sequence[tuple[Extraction, MemoryEstimate]] = ()) -> None:
         super().__init__(message)
         self.smallest = smallest
         self.memory = memory
+        # the next smallest distinct plans found, smallest first: where the estimate errs
+        # differently by plan, one of them may compile smaller than `smallest`
+        self.others = list(others)
 
 
 def fit_memory(
@@ -493,10 +497,11 @@ def fit_memory(
     fit = _fitting(tried, limit) or _between(at, tried, limit, deadline)
     if fit is None:
         # the plan with no pressure too: pressure by the per-node proxy can make every plan larger
-        _, smallest, m = min([(0.0, first, mem), *tried], key=lambda t: t[2].total)
+        (smallest, m), *others = _smallest_distinct([(0.0, first, mem), *tried])
         raise MemoryNotMetError(smallest, m,
             f"No plan fits memory_limit={limit:,} bytes per device. The smallest plan found needs "
-            f"{m.total:,} bytes ({m.parts()}). Consider a larger mesh, a smaller batch, or memory_limit >= that.")
+            f"{m.total:,} bytes ({m.parts()}). Consider a larger mesh, a smaller batch, or memory_limit >= that.",
+            others)
     ex, m, hi = fit
     low = max((t[0] for t in tried if t[0] < hi and t[2].total > limit), default=0.0)
     for _ in range(3):  # a cheaper plan may fit with less pressure
@@ -513,6 +518,15 @@ def fit_memory(
     # a bound without the memory limit bounds plans within it (computed when either gap is read)
     ex.bound.defer(lambda: first.lower_bound_s, ex.total_s)
     return ex, m
+
+
+def _smallest_distinct(tried: list[tuple[float, Extraction, MemoryEstimate]],
+                       n: int = 3) -> list[tuple[Extraction, MemoryEstimate]]:
+    """The `n` smallest plans tried, by estimate, one per (estimate, step time)."""
+    out: dict[tuple[int, float], tuple[Extraction, MemoryEstimate]] = {}
+    for _, ex, m in sorted(tried, key=lambda t: t[2].total):
+        out.setdefault((m.total, ex.total_s), (ex, m))
+    return list(out.values())[:n]
 
 
 def _fitting(tried: list[tuple[float, Extraction, MemoryEstimate]],
