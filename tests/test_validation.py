@@ -717,3 +717,22 @@ def test_rule_checks_take_loops_branches_keys_and_bfloat16():
             check(*args, mesh=None)
     assert check_reshard_rules((8, 8), mesh24(), dtype=jnp.bfloat16, max_edges=10) == []
     assert check_reshard_rules((8, 8), mesh24(), dtype=jnp.bfloat16, max_edges=10, rtol=1e-7)  # as before
+
+
+def test_check_plan_takes_no_float64_floor_from_an_overflowed_reference():
+    """The reference overflows in float32 where float64 does not: its distance from float64 is
+    infinite and measures no noise, so a plan that differs from it is not excused by it."""
+    from shardsat.testing import PlanMismatchError, check_plan
+
+    mesh = jax.make_mesh((8,), ("data",))
+    x = jnp.arange(1.0, 17.0)
+
+    def f(x):
+        return x * 2.0
+
+    def overflowing(x):
+        return (x * 2.0).at[0].set(jnp.exp(x[0] * 100.0))  # inf in float32, 2.7e43 in float64
+
+    plan = shardsat.saturate_and_extract(f, mesh, x)
+    with pytest.raises(PlanMismatchError, match="out"):
+        check_plan(plan, x, reference=overflowing)
