@@ -146,7 +146,8 @@ def _loosened(f: Fitting, plan: Plan, compiled: int | None) -> Plan:
     was off: kept if it is faster and compiles under the limit."""
     assert plan.cost.memory is not None
     est = plan.cost.memory.total
-    if compiled is None or compiled > f.limit or compiled >= HIGH_ESTIMATE * est or f.free_total() <= f.limit:
+    if (compiled is None or compiled <= 0 or compiled > f.limit or compiled >= HIGH_ESTIMATE * est
+            or f.free_total() <= f.limit):  # 0 bytes compiled (all aliased): no error to scale by
         return plan
     try:
         other = f.plan_within(int(est * f.limit / compiled))

@@ -212,6 +212,18 @@ def test_a_faster_plan_that_runs_out_of_time_keeps_the_plan_in_hand(data8, monke
     assert plan.cost.memory.total <= limit and plan.compiled_memory(ws, x) <= limit
 
 
+def test_a_plan_that_compiles_to_no_bytes_is_returned(data8, monkeypatch):
+    """XLA can report 0 bytes (fuzz seed 788: everything aliased): the plan fits, and there is
+    no estimate error to scale a faster plan's bound by (it raised ZeroDivisionError)."""
+    ws, x = mlp_args(jax.random.PRNGKey(0))
+    free = shardsat.saturate_and_extract(mlp, data8, ws, x, memory_limit=None, profile="h100")
+    limit = int(free.cost.memory.total * 0.85)
+    _scaled_compile(monkeypatch, 0)
+    plan = shardsat.saturate_and_extract(mlp, data8, ws, x, memory_limit=limit, profile="h100")
+    assert plan.cost.memory.total <= limit and plan.report.memory_compiled == 0
+    assert_equivalent(plan, mlp, ws, x)
+
+
 def test_a_plan_compiled_over_the_limit_is_replanned_by_its_own_error(data8, monkeypatch):
     """A plan estimated far under the limit that compiles over it: the bound planned again is
     its estimate scaled by how far it was off, not the limit scaled, which found the same plan
