@@ -266,8 +266,8 @@ def _fed(ms: set[int], operands: Sequence[Sequence[int]], seq: Sequence[Equation
     elementwise reader, is written out once for the kernel computing its gain's gradient)."""
     out: set[int] = set()
     for t in ms:
-        for p in operands[t]:
-            if p not in ms and seq[p].name == "neg" and seq[t].name == "reduce_sum":
+        for pos, p in enumerate(operands[t]):
+            if p not in ms and fusion.negated_sum_operand(seq[t], pos, seq[p]) is not None:
                 p = operands[p][0] if operands[p] else None  # the sum reads its operand (Timeline.hoisted)
             while p is not None and p not in ms and seq[p].name in _BITCASTS:
                 p = operands[p][0] if operands[p] else None  # None: a view of an argument
