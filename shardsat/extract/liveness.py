@@ -86,15 +86,17 @@ class Timeline:
         self._keys()
         self.widened: set[Key] = set()  # widened_keys, once the order is known
         self._static_stored()
-        self._schedule(base)
+        self._schedule(base, set())
         # XLA:CPU's library fusions (YNNPACK), found in this order
         self.fusions = library.fused_keys(self, self.boundary) if spaces.mesh.platform == "cpu" else []
         self.inside = {k for f in self.fusions for k in f.inside}
         for f in self.fusions:
             self.stored.update(f.stored)
-        self.duplicated |= library.fed_duplicates(self)
-        if self.inside:
-            self._schedule(base)  # each library fusion is one instruction: its members pass readiness on
+        fed = library.fed_duplicates(self)
+        if self.inside or not fed <= self.duplicated:
+            self.duplicated |= fed
+            # each library fusion is one instruction: its members pass readiness on
+            self._schedule(base, {(id(self.seq[t]), k) for t, k in library.fed_reads(self)})
         self.in_library = {k for f in self.fusions for k in f.inside | f.roots}
         self.widened, self.widened_args = widened_keys(self)
         self._regions()
@@ -138,16 +140,55 @@ class Timeline:
             if k is not None:
                 self.rep.setdefault(k, v)
 
-    def _schedule(self, base: list[Equation]) -> None:
+    def _schedule(self, base: list[Equation], fed: set[tuple[int, Key]]) -> None:
         """Order `base` (the program's order) breadth first as XLA:CPU schedules it (bfs_order),
-        with the buffers `stored` says are kept; loops and branches keep their own order."""
+        with the buffers `stored` says are kept; loops and branches keep their own order. `fed`:
+        (id of an equation, key) where a library fusion's member reads a value as a buffer."""
         self.breadth_first = all(reg.folded for reg in self.program.scans)
         if not self.breadth_first:
             return
         self.seq = base
         self._keys()
-        self.seq = bfs_order(base, [any(self.stored.get(k, True) for k in ks) for ks in self.first])
+        self.seq = bfs_order(base, [any(self.stored.get(k, True) for k in ks) for ks in self.first],
+                             self._recomputing(fed), self._copying(fed))
         self._keys()
+
+    def _copying(self, fed: set[tuple[int, Key]]) -> set[tuple[int, int]]:
+        """(position, value) where a product reads, through a copy into another order, an
+        operand a library fusion reads as a buffer: the copy reads that buffer too and is an
+        instruction of its own between them (XLA:CPU: a weight gradient's product waits for its
+        operand's transposed copy while the input gradient's library kernel, ready at once,
+        runs first and frees the operand). Other copies compute their operand again beside its
+        kernel (recomputed_reads) or are made with it: no step between. Judged on the unsplit
+        shapes."""
+        copies: dict[tuple[int, int], int] = {}  # (id of a product, value) -> its position
+        for t, e in enumerate(self.seq):
+            if fusion.may_transpose(e) and all(isinstance(a, int) for a in e.inputs):
+                shapes = tuple(self.program.values[a].shape for a in e.inputs)  # type: ignore[index]
+                copies |= {(id(e), e.inputs[pos]): t for pos in fusion.transposed_operands(e, shapes)}  # type: ignore[misc]
+        return {(t, a) for (_, a), t in copies.items() if self._read_whole_elsewhere(a, fed, copies)}
+
+    def _read_whole_elsewhere(self, a: int, fed: set[tuple[int, Key]], copies: dict[tuple[int, int], int]) -> bool:
+        """Does a library fusion's member read value `a` from outside (as a buffer)? Then a
+        copy of it into another order reads that buffer too, a step after its producer."""
+        k = self.key(a)
+        return self.program.values[a].producer is not None and any(
+            (id(r), k) in fed for r in self._readers.get(a, ()) if (id(r), a) not in copies)
+
+    def _recomputing(self, fed: set[tuple[int, Key]]) -> set[tuple[int, int]]:
+        """(position, value) where the equation at that position of `self.seq` computes a
+        duplicated value again inside its own fusion, not reading the value's buffer: it waits
+        for the value's operands, not for the value (XLA:CPU: a batch norm's backward pass
+        writes three products of the incoming gradient, each computing the relu's mask again,
+        one after another before the library sums that read them)."""
+        out: set[tuple[int, int]] = set()
+        for t, e in enumerate(self.seq):
+            for pos, a in enumerate(e.inputs):
+                k = self.key(a) if isinstance(a, int) else None
+                if k is not None and k in self.duplicated and (id(e), k) not in fed \
+                        and not self.reads_whole(e, pos, a):
+                    out.add((t, a))  # type: ignore[arg-type]
+        return out
 
     def _dependencies(self) -> None:
         """Per position: the positions it depends on (a bitset) and, for a fused result, the
@@ -553,54 +594,108 @@ def shared_inside(tl: Timeline, readers: dict[Key, list[Equation]]) -> dict[Key,
     return out
 
 
-def bfs_order(seq: list[Equation], runs: list[bool]) -> list[Equation]:
+def bfs_order(seq: list[Equation], runs: list[bool], recomputing: set[tuple[int, int]] = frozenset(),
+              copying: set[tuple[int, int]] = frozenset()) -> list[Equation]:
     """The equations in the order XLA:CPU schedules its instructions: breadth first (its
     concurrency-optimised scheduler, Kahn's algorithm with a FIFO queue), which runs, for
     instance, every all-gather of a weight before the first layer. `runs[i]`: equation i is an
     instruction of its own; the others (fused into their readers, or computed before) pass
-    readiness on at once, as do equations of constants alone, which XLA folds at compile time
+    readiness on at once and are placed with the first instruction that reads them (they run
+    inside its kernel), but equations of constants alone, which XLA folds at compile time
     (HloConstantFolding: a scatter of `-1/n` into a zero buffer, the gradient of a loss's mean,
-    is ready at the start, not after the chain of scalar ops that computes `-1/n`)."""
+    is ready at the start, not after the chain of scalar ops that computes `-1/n`).
+    `recomputing`: (i, value) where equation i computes the value again itself, so it depends on
+    what the value's equation depends on. `copying`: (i, value) where equation i reads the value
+    through a copy into another order, an instruction of its own (one per value) between them."""
     producer: dict[int, int] = {}
     for i, e in enumerate(seq):
         for o in e.outputs:
             producer.setdefault(o, i)
-    runs = [r and not c for r, c in zip(runs, constant_folded(seq, producer), strict=True)]
-    users: list[list[int]] = [[] for _ in seq]
-    indeg = [0] * len(seq)
+    folded = constant_folded(seq, producer)
+    runs = [r and not c for r, c in zip(runs, folded, strict=True)]
+    waits = _waits(seq, producer, recomputing, copying)
+    runs += [True] * (len(waits) - len(seq))  # the copies
+    order = _kahn(waits, runs, folded, len(seq))
+    return [seq[i] for i in order] if len(order) == len(seq) else seq
+
+
+def _waits(seq: list[Equation], producer: dict[int, int], recomputing: set[tuple[int, int]],
+           copying: set[tuple[int, int]]) -> list[set[int]]:
+    """Per equation, then per copy (bfs_order): what it waits for."""
+    waits: list[set[int]] = []
+    copies: dict[int, int] = {}  # value -> its copy's node, numbered after the equations
+    copy_waits: list[set[int]] = []
     last_effect = None
     for i, e in enumerate(seq):
-        deps = {producer[a] for a in e.inputs if isinstance(a, int) and producer.get(a, i) < i}
+        deps: set[int] = set()
+        for a in e.inputs:
+            if not isinstance(a, int) or producer.get(a, i) >= i:
+                continue
+            p = producer[a]
+            if (i, a) in copying:
+                if a not in copies:
+                    copies[a] = len(seq) + len(copy_waits)
+                    copy_waits.append({p})
+                deps.add(copies[a])
+            else:
+                deps |= waits[p] if (i, a) in recomputing else {p}
         if e.effects:
             if last_effect is not None:
                 deps.add(last_effect)
             last_effect = i
-        indeg[i] = len(deps)
-        for d in deps:
+        waits.append(deps)
+    return waits + copy_waits
+
+
+def _kahn(waits: list[set[int]], runs: list[bool], folded: list[bool], n: int) -> list[int]:
+    """bfs_order's schedule of nodes 0..n-1 (equations; nodes from n on are copies, run and not
+    listed): a FIFO queue of what runs; what does not is placed with its first reader."""
+    users: list[list[int]] = [[] for _ in waits]
+    indeg = [len(w) for w in waits]
+    for i, w in enumerate(waits):
+        for d in w:
             users[d].append(i)
     order: list[int] = []
     queue: deque[int] = deque()
+    pending: dict[int, int] = {}  # fused equations ready, not yet placed -> when they became ready
 
     def ready(i: int) -> None:
         if runs[i]:
             queue.append(i)
             return
-        order.append(i)
+        if folded[i]:  # a constant: it exists from the start
+            order.append(i)
+        else:
+            pending[i] = len(pending) + len(order)
+        done(i)
+
+    def done(i: int) -> None:
         for u in users[i]:
             indeg[u] -= 1
             if indeg[u] == 0:
                 ready(u)
 
-    for i in [i for i in range(len(seq)) if indeg[i] == 0]:  # the roots as they are now: ready()
+    def place(i: int) -> None:
+        """Equation i, after the fused equations it reads through: they run inside its kernel."""
+        need, stack = set(), [i]
+        while stack:
+            for d in waits[stack.pop()]:
+                if d in pending and d not in need:
+                    need.add(d)
+                    stack.append(d)
+        for d in sorted(need, key=pending.__getitem__):
+            order.append(d)
+            del pending[d]
+        order.append(i)
+
+    for i in [i for i in range(len(waits)) if indeg[i] == 0]:  # the roots as they are now: ready()
         ready(i)  # lowers later counts to 0 and readies those itself
     while queue:
         i = queue.popleft()
-        order.append(i)
-        for u in users[i]:
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                ready(u)
-    return [seq[i] for i in order] if len(order) == len(seq) else seq
+        if i < n:
+            place(i)
+        done(i)
+    return order + sorted(pending, key=pending.__getitem__)
 
 
 class PlanLiveness:
