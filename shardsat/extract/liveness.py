@@ -166,9 +166,9 @@ class Timeline:
             if fusion.may_transpose(e) and all(isinstance(a, int) for a in e.inputs):
                 shapes = tuple(self.program.values[a].shape for a in e.inputs)  # type: ignore[index]
                 copies |= {(id(e), e.inputs[pos]): t for pos in fusion.transposed_operands(e, shapes)}  # type: ignore[misc]
-        return {(t, a) for (_, a), t in copies.items() if self._read_whole_elsewhere(a, fed, copies)}
+        return {(t, a) for (_, a), t in copies.items() if self._fed_to_library(a, fed, copies)}
 
-    def _read_whole_elsewhere(self, a: int, fed: set[tuple[int, Key]], copies: dict[tuple[int, int], int]) -> bool:
+    def _fed_to_library(self, a: int, fed: set[tuple[int, Key]], copies: dict[tuple[int, int], int]) -> bool:
         """Does a library fusion's member read value `a` from outside (as a buffer)? Then a
         copy of it into another order reads that buffer too, a step after its producer."""
         k = self.key(a)
