@@ -93,9 +93,8 @@ class Timeline:
         for f in self.fusions:
             self.stored.update(f.stored)
         fed = library.fed_duplicates(self)
-        if self.inside or not fed <= self.duplicated:
+        if self.inside or not fed <= self.duplicated:  # each library fusion is one instruction
             self.duplicated |= fed
-            # each library fusion is one instruction: its members pass readiness on
             self._schedule(base, {(id(self.seq[t]), k) for t, k in library.fed_reads(self)})
         self.in_library = {k for f in self.fusions for k in f.inside | f.roots}
         self.widened, self.widened_args = widened_keys(self)
@@ -150,45 +149,8 @@ class Timeline:
         self.seq = base
         self._keys()
         self.seq = bfs_order(base, [any(self.stored.get(k, True) for k in ks) for ks in self.first],
-                             self._recomputing(fed), self._copying(fed))
+                             recomputing_reads(self, fed), copying_reads(self, fed))
         self._keys()
-
-    def _copying(self, fed: set[tuple[int, Key]]) -> set[tuple[int, int]]:
-        """(position, value) where a product reads, through a copy into another order, an
-        operand a library fusion reads as a buffer: the copy reads that buffer too and is an
-        instruction of its own between them (XLA:CPU: a weight gradient's product waits for its
-        operand's transposed copy while the input gradient's library kernel, ready at once,
-        runs first and frees the operand). Other copies compute their operand again beside its
-        kernel (recomputed_reads) or are made with it: no step between. Judged on the unsplit
-        shapes."""
-        copies: dict[tuple[int, int], int] = {}  # (id of a product, value) -> its position
-        for t, e in enumerate(self.seq):
-            if fusion.may_transpose(e) and all(isinstance(a, int) for a in e.inputs):
-                shapes = tuple(self.program.values[a].shape for a in e.inputs)  # type: ignore[index]
-                copies |= {(id(e), e.inputs[pos]): t for pos in fusion.transposed_operands(e, shapes)}  # type: ignore[misc]
-        return {(t, a) for (_, a), t in copies.items() if self._fed_to_library(a, fed, copies)}
-
-    def _fed_to_library(self, a: int, fed: set[tuple[int, Key]], copies: dict[tuple[int, int], int]) -> bool:
-        """Does a library fusion's member read value `a` from outside (as a buffer)? Then a
-        copy of it into another order reads that buffer too, a step after its producer."""
-        k = self.key(a)
-        return self.program.values[a].producer is not None and any(
-            (id(r), k) in fed for r in self._readers.get(a, ()) if (id(r), a) not in copies)
-
-    def _recomputing(self, fed: set[tuple[int, Key]]) -> set[tuple[int, int]]:
-        """(position, value) where the equation at that position of `self.seq` computes a
-        duplicated value again inside its own fusion, not reading the value's buffer: it waits
-        for the value's operands, not for the value (XLA:CPU: a batch norm's backward pass
-        writes three products of the incoming gradient, each computing the relu's mask again,
-        one after another before the library sums that read them)."""
-        out: set[tuple[int, int]] = set()
-        for t, e in enumerate(self.seq):
-            for pos, a in enumerate(e.inputs):
-                k = self.key(a) if isinstance(a, int) else None
-                if k is not None and k in self.duplicated and (id(e), k) not in fed \
-                        and not self.reads_whole(e, pos, a):
-                    out.add((t, a))  # type: ignore[arg-type]
-        return out
 
     def _dependencies(self) -> None:
         """Per position: the positions it depends on (a bitset) and, for a fused result, the
@@ -591,6 +553,46 @@ def shared_inside(tl: Timeline, readers: dict[Key, list[Equation]]) -> dict[Key,
                             between.add(k2)
                             stack.append(k2)
             out[k] = frozenset(between)
+    return out
+
+
+def copying_reads(tl: Timeline, fed: set[tuple[int, Key]]) -> set[tuple[int, int]]:
+    """(position, value) where a product reads, through a copy into another order, an
+    operand a library fusion reads as a buffer: the copy reads that buffer too and is an
+    instruction of its own between them (XLA:CPU: a weight gradient's product waits for its
+    operand's transposed copy while the input gradient's library kernel, ready at once,
+    runs first and frees the operand). Other copies compute their operand again beside its
+    kernel (recomputed_reads) or are made with it: no step between. Judged on the unsplit
+    shapes."""
+    copies: dict[tuple[int, int], int] = {}  # (id of a product, value) -> its position
+    for t, e in enumerate(tl.seq):
+        if fusion.may_transpose(e) and all(isinstance(a, int) for a in e.inputs):
+            shapes = tuple(tl.program.values[a].shape for a in e.inputs)  # type: ignore[index]
+            copies |= {(id(e), e.inputs[pos]): t for pos in fusion.transposed_operands(e, shapes)}  # type: ignore[misc]
+    return {(t, a) for (_, a), t in copies.items() if _fed_to_library(tl, a, fed, copies)}
+
+
+def _fed_to_library(tl: Timeline, a: int, fed: set[tuple[int, Key]], copies: dict[tuple[int, int], int]) -> bool:
+    """Does a library fusion's member read value `a` from outside (as a buffer)? Then a
+    copy of it into another order reads that buffer too, a step after its producer."""
+    k = tl.key(a)
+    return tl.program.values[a].producer is not None and any(
+        (id(r), k) in fed for r in tl._readers.get(a, ()) if (id(r), a) not in copies)
+
+
+def recomputing_reads(tl: Timeline, fed: set[tuple[int, Key]]) -> set[tuple[int, int]]:
+    """(position, value) where the equation at that position of `tl.seq` computes a
+    duplicated value again inside its own fusion, not reading the value's buffer: it waits
+    for the value's operands, not for the value (XLA:CPU: a batch norm's backward pass
+    writes three products of the incoming gradient, each computing the relu's mask again,
+    one after another before the library sums that read them)."""
+    out: set[tuple[int, int]] = set()
+    for t, e in enumerate(tl.seq):
+        for pos, a in enumerate(e.inputs):
+            k = tl.key(a) if isinstance(a, int) else None
+            if k is not None and k in tl.duplicated and (id(e), k) not in fed \
+                    and not tl.reads_whole(e, pos, a):
+                out.add((t, a))  # type: ignore[arg-type]
     return out
 
 
