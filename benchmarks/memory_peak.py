@@ -182,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nestimate: temps {m.activations_peak / MIB:.3f} MiB; its peak {est / MIB:.3f} MiB at {where}")
     for size, what in rows[:ns.top]:
         print(f"  {size / MIB:8.3f} MiB  {what}")
+    # what no value names: collectives' transients, transposed copies, pieces, and the holes the
+    # best-fit packing leaves (buffers.packed_heap), which the list above cannot show
+    print(f"  {(est - sum(size for size, _ in rows)) / MIB:8.3f} MiB  unnamed: transients, copies, packing holes")
     print(f"\nXLA:CPU: temps {ma.temp_size_in_bytes / MIB:.3f} MiB; heap {xla.heap / MIB:.3f} MiB, of which "
           f"at most {xla.live / MIB:.3f} in use at once, at {xla.at} ({xla.instruction})")
     for v in xla.values[:ns.top]:
