@@ -18,6 +18,7 @@ from .assignment import Assignment, assign
 from .cost import CostModel
 from .memory import MemoryEstimate, estimate_memory
 from .result import Extraction
+from .structure import chained_values as chained_values  # the runtime reads it here (tests/test_layering.py)
 from .structure import heavy_roles
 
 KIND_NAMES = {k: kind.name for k, kind in COLLECTIVES.items()}  # display names, by NodeKind
@@ -283,4 +284,3 @@ class _Costing:
         if kinds:
             return f"resharded where used ({', '.join(kinds)})"
         return "used where it lies (tensor parallel: no gather)"
-

@@ -55,14 +55,18 @@ def heavy_roles(program: Program) -> tuple[list[bool], list[bool]]:
     return before, after
 
 
-def combinable_groups(program: Program, graph: ExportedGraph) -> frozenset[int]:
-    """Value groups whose collectives XLA's combiners can merge with others: those that do not
-    sit between two heavy ops (contractions) on a dependency chain. Gathering a weight (depends
-    on inputs only) or reducing a gradient for the optimizer (feeds only cheap ops) can be
-    delayed or hoisted and batched; an activation all-reduce between two matmuls cannot."""
+def chained_values(program: Program) -> frozenset[int]:
+    """Values that sit between two heavy ops (contractions) on a dependency chain: a collective
+    of one cannot wait to be batched with others (an activation all-reduce between two matmuls);
+    the rest can (gathering a weight depends on inputs only, reducing a gradient for the
+    optimizer feeds only cheap ops). The runtime combines the latter's reductions itself
+    (runtime/combine.py)."""
     before, after = heavy_roles(program)
-    out = set()
-    for grp, vids in enumerate(graph.group_values):
-        if vids and all(not (after[v] and before[v]) for v in vids):
-            out.add(grp)
-    return frozenset(out)
+    return frozenset(v for v in range(len(program.values)) if before[v] and after[v])
+
+
+def combinable_groups(program: Program, graph: ExportedGraph) -> frozenset[int]:
+    """Value groups whose collectives XLA's combiners can merge with others: none of their
+    values is chained (`chained_values`)."""
+    chained = chained_values(program)
+    return frozenset(grp for grp, vids in enumerate(graph.group_values) if vids and chained.isdisjoint(vids))

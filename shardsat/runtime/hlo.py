@@ -3,7 +3,8 @@ against what XLA emits.
 
 XLA:CPU lowers a reduce-scatter to an all-reduce whose result feeds a dynamic-slice; GPU and TPU
 emit `reduce-scatter`. Both count as reduce-scatter here. Async pairs (`-start`/`-done`) count once.
-Collectives XLA's combiners merged into one tuple-shaped op count once per element.
+Collectives XLA's combiners merged into one tuple-shaped op count once per element; a flat
+reduction of n pending sums that the lowering made (runtime/combine.py) counts n times.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 from collections import Counter
 
 from ..egraph.collectives import COLLECTIVES
+from .combine import COMBINED_TAG
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?(%?[\w.\-]+)\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)$")
 # HLO ops counted: each kind's `hlo_op` (shardsat/egraph/collectives.py), and collective-permute,
@@ -22,6 +24,7 @@ _TUPLED = frozenset(k.hlo_op for k in COLLECTIVES.values() if k.hlo_tuple)  # co
 _SLICED = dict(("all-reduce", k.hlo_op) for k in COLLECTIVES.values() if k.cpu_via_all_reduce and k.hlo_op)
 
 
+_COMBINED = re.compile(r'op_name="[^"]*/' + COMBINED_TAG + r'(\d+)/')
 _COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
 
 
@@ -33,6 +36,7 @@ def count_collectives(hlo_text: str) -> Counter[str]:
     operand_count: dict[str, int] = {}
     comp_ops: dict[str, set[str]] = {}
     order: list[str] = []
+    combined: dict[str, int] = {}  # flat reductions of several pending sums (runtime/combine.py)
     comp = ""
     for line in hlo_text.splitlines():
         c = _COMP.match(line)
@@ -45,6 +49,9 @@ def count_collectives(hlo_text: str) -> Counter[str]:
         name, shape, op, rest = m.groups()
         name = f"{comp}/{name.lstrip('%')}"
         ops[name] = op
+        parts = _COMBINED.search(rest)
+        if parts:
+            combined[name] = int(parts.group(1))
         shapes[name] = shape.strip()
         comp_ops.setdefault(comp, set()).add(op)
         order.append(name)
@@ -69,9 +76,9 @@ def count_collectives(hlo_text: str) -> Counter[str]:
                 counts[base] += max(1, operand_count[name])
                 continue
             for u in elems:
-                counts[_counted_as(base, u, ops, users, calls, comp_ops)] += 1
+                counts[_counted_as(base, u, ops, users, calls, comp_ops)] += combined.get(u, 1)
             continue
-        counts[_counted_as(base, name, ops, users, calls, comp_ops)] += 1
+        counts[_counted_as(base, name, ops, users, calls, comp_ops)] += combined.get(name, 1)
     return counts
 
 

@@ -11,6 +11,7 @@ split over the partial axes, one slot per device): XLA then has no choice to mak
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from ..egraph.program import SCAN_PSEUDO, Literal, Program, bind
 from ..extract.assignment import EqnRun
 from ..extract.result import ReshardStep
 from ..rules.registry import rule_for
+from .combine import ready_with, reduce_together, reductions, wave_order
 from .guards import guarded
 from .local import check_local, local_params
 
@@ -44,7 +46,8 @@ class Interpreter:
     def __init__(self, program: Program, runs: list[EqnRun], produced: dict[int, int],
                  parent: dict[tuple[int, int], ReshardStep], layouts: list[Layout], axes: MeshAxes, mesh: Mesh,
                  root_layouts: list[int | None], canon: dict[int, int],
-                 carry_layouts: dict[int, int] | None = None) -> None:
+                 carry_layouts: dict[int, int] | None = None, combine_bytes: float = 0.0,
+                 chained: frozenset[int] = frozenset()) -> None:
         self.program = program
         self.produced = produced  # value id -> produced layout
         self.parent = parent  # (value id, layout) -> the step that makes it
@@ -55,6 +58,10 @@ class Interpreter:
         self.carry_layouts = carry_layouts or {}  # region carry-input value -> its tied layout
         self.cpu = mesh.devices.flat[0].platform == "cpu"
         self.canon, self.once = _replay_canon(program, canon)
+        # all-reduces of pending sums made together (runtime/combine.py), up to `combine_bytes`;
+        # `chained`: values between two contractions, whose reductions are left alone
+        self.combine_bytes = combine_bytes
+        self.reductions = reductions(program, produced, parent, layouts, self.cpu, chained)
         self.by_region: dict[int | None, list[Any]] = {}
         replays: set[int] = set()
         for run in runs:
@@ -64,6 +71,9 @@ class Interpreter:
                 replays.add(region)
                 self.by_region.setdefault(program.scans[region].parent, []).append(("replay", region))
             self.by_region.setdefault(region, []).append(run)
+        if self.reductions.group_of and combine_bytes > 0:
+            self.by_region = {r: wave_order(program, entries, self.reductions, parent, produced, self.canon)
+                              for r, entries in self.by_region.items()}
         self.run_of_output = {program.equations[r.eqn].outputs[k]: r for r in runs for k, _ in r.outputs}
         self.merges: dict[tuple[int, ...], list[EqnRun]] = {}
         for r in runs:
@@ -113,6 +123,25 @@ class Interpreter:
             return (self.restack(apply_collective(self.unstack(v, src), step, self.axes, self.cpu), dst),)
 
         return self.smap(body, [src], [dst])(x)[0]
+
+    def reduce_ready(self, scope: Scope, k: tuple[int, int]) -> dict[tuple[int, int], Any]:
+        """The all-reduce of pending sum `k` with every other of its group already made in
+        `scope` (runtime/combine.py); {} where `k` is no such all-reduce."""
+        red = self.reductions
+        g = red.group_of.get(k)
+        if g is None or self.combine_bytes <= 0:
+            return {}
+        keys = ready_with(k, red.members[g], scope.env, scope.views, self._pending_bytes, self.combine_bytes)
+        steps = [self.parent[m] for m in keys]
+        arrays = [scope.env[m[0]] for m in keys]
+        names = tuple(self.axes.names[a] for a in steps[0].axes)
+        summed = reduce_together(self.smap, self.unstack, self.restack, keys, steps, arrays,
+                                 [m in red.late for m in keys], names, self.axes)
+        return dict(zip(keys, summed, strict=True))
+
+    def _pending_bytes(self, k: tuple[int, int]) -> int:
+        info = self.program.values[k[0]]
+        return math.prod(self.local_shape(info.shape, self.parent[k].src)) * jnp.dtype(info.dtype).itemsize
 
     # -- equations -------------------------------------------------------------------------------
     def run_eqn(self, scope: Scope, eqn: Any, run: EqnRun, started: set[Any]) -> None:
@@ -335,7 +364,10 @@ class Scope:
                 self.views[k] = it.constrain(self.env[vid], lid)
             else:
                 base = self.view(vid, step.src)
-                if it.layouts[step.src].partial or it.layouts[lid].partial:
+                together = it.reduce_ready(self, k)
+                if together:
+                    self.views.update(together)
+                elif it.layouts[step.src].partial or it.layouts[lid].partial:
                     self.views[k] = it.collective(base, step, step.src, lid)
                 else:
                     self.views[k] = it.constrain(base, lid)

@@ -18,7 +18,7 @@ from ..egraph.layout import Layout, MeshAxes, SpaceTable, auto_mesh
 from ..egraph.program import Literal, Program
 from ..errors import InvalidArgumentError, ShardsatError
 from ..extract.plancost import Collective as Collective  # re-exported: shardsat.Collective
-from ..extract.plancost import CostedPlan
+from ..extract.plancost import CostedPlan, chained_values
 from ..extract.plancost import PlanCost as PlanCost
 from ..extract.profile import DeviceProfile
 from ..extract.result import Bound, HasBound
@@ -395,6 +395,7 @@ class Plan:
         interp = Interpreter(
             self.program, self.runs, self.produced, self.parent, self.layouts, self.axes, self.runtime_mesh,
             self.extraction.root_layouts, self.canon, self.extraction.carry_layouts,
+            combine_bytes=self.profile.combine_threshold_bytes, chained=chained_values(self.program),
         )
         prog = self.program
         expected = planned_args(prog)
