@@ -8,6 +8,7 @@ import pytest
 from jax.sharding import AxisType
 
 import shardsat
+from shardsat.runtime.combine import _held_back
 from shardsat.runtime.hlo import count_collectives
 from shardsat.testing import check_collectives, check_plan
 
@@ -59,25 +60,15 @@ def test_a_clipped_steps_gradients_and_norms_take_two_all_reduces(clipped):
     check_plan(plan, *args)
 
 
-def test_ordered_prints_keep_their_order_around_the_reordered_reductions(clipped, capfd):
-    """Equations run by waves, but one with an effect is a barrier: the two prints come out in
-    program order, once each, as under jax.jit."""
-    _, args = clipped
 
-    def step(p, o, x, y):
-        loss, g = jax.value_and_grad(_loss)(p, x, y)
-        u, o = OPT.update(g, o, p)
-        # after the reductions (a later wave), then a value of the first wave: by waves alone
-        # the second would run first
-        jax.debug.print("first {}", sum(jnp.sum(v * v) for v in jax.tree.leaves(u)), ordered=True)
-        jax.debug.print("second {}", jnp.sum(x[0]), ordered=True)
-        return optax.apply_updates(p, u), o, loss
+def test_an_equation_after_two_reductions_waits_for_the_pending_sums_of_the_waves_before_it():
+    """Waves 0, 1, 2, 0, 0; entries 0 and 3 make pending sums of wave 0. Entry 2 (two reductions
+    deep) waits for entry 3; entry 1 (one deep) keeps its place: the first wave's reductions are
+    left for XLA to combine, and moving their readers moved XLA:CPU's schedule."""
+    assert _held_back([0, 1, 2, 0, 0], {0, 3}, [False] * 5) == [0, 1, 3, 2, 4]
 
-    mesh = jax.make_mesh((1, 8), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-    plan = shardsat.saturate_and_extract(step, mesh, *args, state_argnums=(0, 1), profile="h100")
-    jax.effects_barrier()
-    capfd.readouterr()
-    jax.block_until_ready(plan.jit(donate_argnums=())(*args))
-    jax.effects_barrier()
-    lines = [line.split()[0] for line in capfd.readouterr().out.splitlines() if line.strip()]
-    assert lines == ["first", "second"]
+
+def test_a_barrier_lets_out_what_is_held_before_it_runs():
+    """An effect or a region run (entry 2) keeps its place among everything: the held entry 1
+    runs before it, the producer 3 after it."""
+    assert _held_back([0, 2, 0, 0], {0, 3}, [False, False, True, False]) == [0, 1, 2, 3]

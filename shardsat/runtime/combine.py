@@ -8,15 +8,15 @@ chain of 11 all-reduces where two would do (the Llama step of benchmarks/realist
 compiled step estimate 244 us against jax.jit data parallelism's 217, whose gradients share
 one all-reduce). The cost model prices such reductions as combined (extract/cost.py: values
 not between two contractions), so the lowering makes them so:
-- a scope's equations run by waves (`wave_order`), so the pending sums of one wave all exist
-  before the first reduction of the next is asked for;
-- then every pending sum of the scope that the plan reduces over the same axes, in the same
-  dtype, and that exists already, is reduced at once (up to the profile's combining threshold):
-  those of the group's first wave by one psum each, which XLA combines as it would (no copy);
-  those of later waves, which depend on the first wave's, in one flat buffer (a concatenation,
-  one all-reduce): a single instruction that needs them all, so in XLA's post order every
-  first-wave all-reduce comes before it and nothing chains. Later waves are the small ones
-  (norms' scalars); the first wave's gradients are not copied.
+- every pending sum of the scope that the plan reduces over the same axes, in the same dtype,
+  and that exists already, is reduced at the first request of one (up to the profile's
+  combining threshold): those of the group's first wave by one psum each, which XLA combines as
+  it would (no copy); those of later waves, which depend on the first wave's, in one flat
+  buffer (a concatenation, one all-reduce) up to FLAT_BYTES each: a single instruction that
+  needs them all, so in XLA's post order the first wave's all-reduces come before it and
+  nothing chains. Later waves are the small ones (norms' scalars); gradients are not copied;
+- an equation two reductions deep waits until the pending sums of the waves before it exist
+  (`wave_order`), so those are made together.
 """
 
 from __future__ import annotations
@@ -132,34 +132,78 @@ def _flat_psum(parts: list[Any], names: tuple[str, ...]) -> list[Any]:
 
 def wave_order(program: Program, entries: list[Any], red: Reductions, parent: dict[Key, ReshardStep],
                produced: dict[int, int], canon: dict[int, int]) -> list[Any]:
-    """`entries` (a scope's equation runs, in program order) reordered by wave: how many of
-    `red`'s all-reduces lie on the longest path to each, ties in program order; marks the
-    reductions beyond their group's first wave (`red.late`). jax's backward pass reads each
-    gradient right after making it (a transpose), so in program order the first reduction is
-    asked for before the other gradients exist; by waves, every pending sum of a wave exists
-    before any reduction of the next is asked for. A topological order still: an equation's
-    wave is at least its operands'. Region runs and equations with effects keep their place
-    among everything (each is a barrier: nothing before it moves after it, nor the reverse)."""
+    """`entries` (a scope's equation runs) in program order, but an equation two or more of
+    `red`'s reductions deep (a wave: how many lie on the longest path to it) held back until
+    every pending sum of the waves before it is made; marks the reductions beyond their group's
+    first wave (`red.late`). Norms' scalars, each reduced where the next sum reads it, would each
+    be the only one made at its first request and go one by one. The first wave's readers keep
+    their place (XLA combines those reductions itself): XLA:CPU schedules by the instruction
+    order, and holding them back too (jax transposes each gradient right after making it) moved a
+    tied-embedding step's peak by 32 MiB. Region runs and equations with effects are barriers:
+    what is held back runs before them."""
     wave_of: dict[int, int] = {}
     waves: list[int] = []
-    floor = 0
-    for e in entries:
+    members = {k[0] for k in red.group_of}
+    producers: set[int] = set()
+    for i, e in enumerate(entries):
         eqn = None if isinstance(e, tuple) else program.equations[e.eqn]
-        if eqn is None or eqn.effects or eqn.name in SCAN_PSEUDO:
-            w = floor = max(waves, default=floor)
-        else:
-            w = floor
+        w = 0
+        if eqn is not None and not eqn.effects and eqn.name not in SCAN_PSEUDO:
             lids = iter(e.operand_layouts)
             for a in eqn.inputs:
-                if isinstance(a, Literal):
-                    continue
-                c = canon.get(a, a)
-                w = max(w, wave_of.get(c, 0) + _through(c, next(lids), red, parent, produced))
+                if not isinstance(a, Literal):
+                    c = canon.get(a, a)
+                    w = max(w, wave_of.get(c, 0) + _through(c, next(lids), red, parent, produced))
             for o in eqn.outputs:
-                wave_of[canon.get(o, o)] = w
+                c = canon.get(o, o)
+                wave_of[c] = w
+                if c in members:
+                    producers.add(i)
         waves.append(w)
     _mark_late(red, wave_of)
-    return [entries[i] for i in sorted(range(len(entries)), key=lambda i: (waves[i], i))]
+    barriers = [isinstance(e, tuple) or program.equations[e.eqn].effects
+                or program.equations[e.eqn].name in SCAN_PSEUDO for e in entries]
+    return [entries[i] for i in _held_back(waves, producers, barriers)]
+
+
+def _held_back(waves: list[int], producers: set[int], barriers: list[bool]) -> list[int]:
+    """Program order, but an entry of wave w >= 2 waits until every producer of a pending sum
+    of a wave below w is out; a barrier first lets out everything held."""
+    top = max(waves, default=0)
+    remaining = [sum(1 for p in producers if waves[p] < w) for w in range(top + 1)]
+    order: list[int] = []
+    held: list[int] = []
+
+    def emit(i: int) -> None:
+        order.append(i)
+        if i in producers:
+            for w in range(waves[i] + 1, top + 1):
+                remaining[w] -= 1
+
+    def release() -> None:
+        nonlocal held
+        while held:
+            out = [d for d in held if remaining[waves[d]] == 0]
+            if not out:
+                return
+            held = [d for d in held if remaining[waves[d]] != 0]
+            for d in out:
+                emit(d)
+
+    for i in range(len(waves)):
+        if barriers[i]:
+            for d in held:
+                emit(d)
+            held = []
+            emit(i)
+        elif waves[i] >= 2 and remaining[waves[i]] > 0:
+            held.append(i)
+        else:
+            emit(i)
+        release()
+    for d in held:
+        emit(d)
+    return order
 
 
 def _mark_late(red: Reductions, wave_of: dict[int, int]) -> None:
