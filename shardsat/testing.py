@@ -123,8 +123,10 @@ def check_plan(plan: Plan, *args: Any, rtol: float | None = None, reference: Any
     floor = _NoiseFloor(plan, fn, args, len(wl))
     bad = []
     for n, (path, g, w) in enumerate(zip(plan.program.out_paths, gl, wl, strict=True)):
-        g, w = np.asarray(g), np.asarray(w)
-        problem, err = _leaf_problem(g, w)
+        problem, err = _key_problem(g, w)
+        if problem is None:
+            g, w = _numeric(g), _numeric(w)
+            problem, err = _leaf_problem(g, w)
         if problem is None and _weak(gl[n]) != _weak(wl[n]):  # promotion downstream would differ
             problem = f"weak_type {_weak(gl[n])} vs {_weak(wl[n])}"
         if problem is None and err is not None:
@@ -232,6 +234,20 @@ def _primitives(plan: Plan, fn: Any, args: tuple[Any, ...]) -> Counter[str]:
 
 def _weak(x: Any) -> bool:
     return bool(getattr(x, "weak_type", False))
+
+
+def _key_problem(g: Any, w: Any) -> tuple[str | None, None]:
+    """A mismatch of PRNG key arrays' types (their bits are compared as integers, _numeric)."""
+    kg, kw = getattr(g, "dtype", None), getattr(w, "dtype", None)
+    if (is_extended(kg) or is_extended(kw)) and kg != kw:
+        return f"{kg}{list(np.shape(g))} vs {kw}{list(np.shape(w))}", None
+    return None, None
+
+
+def _numeric(x: Any) -> np.ndarray:
+    """An output leaf as numpy: a PRNG key array (a step's new key) as its key bits, which numpy
+    cannot hold as keys."""
+    return np.asarray(jax.random.key_data(x) if is_extended(getattr(x, "dtype", None)) else x)
 
 
 def _leaf_problem(g: np.ndarray, w: np.ndarray) -> tuple[str | None, float | None]:

@@ -103,3 +103,21 @@ def test_dropout_per_layer_in_a_scan():
     step = jax.grad(loss)
     plan = shardsat.saturate_and_extract(step, mesh_of("2x4"), ws, x, jax.random.key(5), profile="h100")
     assert_equivalent(plan, step, ws, x, jax.random.key(5), rtol=1e-4)
+
+
+def test_check_plan_compares_a_returned_key_by_its_bits():
+    """A training step hands back its next PRNG key (a typed key array): check_plan compares
+    its bits, and a different key or a raw uint32 array in its place is a mismatch."""
+    from shardsat.testing import PlanMismatchError, check_plan
+
+    def step(key, x):
+        k1, k2 = jax.random.split(key)
+        return x + jax.random.normal(k1, x.shape), k2
+
+    args = (jax.random.key(1), jnp.ones((64, 64)))
+    plan = shardsat.saturate_and_extract(step, mesh_of("2x4"), *args)
+    check_plan(plan, *args)
+    with pytest.raises(PlanMismatchError, match=r"out\[1\]: 2 of 2 elements differ"):
+        check_plan(plan, *args, reference=lambda key, x: (step(key, x)[0], jax.random.split(key)[0]))
+    with pytest.raises(PlanMismatchError, match=r"out\[1\]: key<fry>\[\] vs uint32\[2\]"):
+        check_plan(plan, *args, reference=lambda key, x: (step(key, x)[0], jax.random.key_data(step(key, x)[1])))
