@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 import jax
 from compiled import compiled_step
 from jax.sharding import PartitionSpec
-from realistic import AXES, _mesh_shape, _structs
+from realistic import AXES, _error_row, _mesh_shape, _structs, print_table
 from realistic_programs import PROGRAMS
 
 import shardsat
@@ -84,15 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--meshes", nargs="+", type=_mesh_shape, default=[(1, 8)], help="mesh shapes, e.g. 2,4 1,8")
     ns = ap.parse_args(argv)
     warnings.simplefilter("ignore")  # fallback and memory warnings: the table is the output
-    print(HEADER)
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    for name in ns.only or PROGRAMS:
-        for shape in ns.meshes:
-            try:
-                lines = rows(name, shape)
-            except Exception as e:  # one case's failure is a result too; the others still run
-                lines = [f"| {name} | {'x'.join(map(str, shape))} | ERROR {type(e).__name__}: {str(e)[:120]} | | | | | | | | |"]
-            print("\n".join(lines), flush=True)
+    print_table(HEADER, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|", ns.only or list(PROGRAMS), ns.meshes,
+                lambda name, shape: "\n".join(rows(name, shape)),
+                lambda name, shape, e: _error_row(name, shape, e, HEADER.count("|") - 1))
     return 0
 
 

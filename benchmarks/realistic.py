@@ -30,6 +30,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +116,10 @@ def row(name: str, shape: tuple[int, ...]) -> str:
             f"| {m_theirs:.1f} | {t_mine / t_theirs:.3f} | {m_mine / m_theirs:.3f} | {_check(plan, concrete)} |")
 
 
-def _error_row(name: str, shape: tuple[int, ...], e: Exception) -> str:
+def _error_row(name: str, shape: tuple[int, ...], e: Exception, columns: int) -> str:
     """A case that raised: its error in the row, the other cells empty, so the table still renders."""
     cells = [name, "x".join(map(str, shape)), f"ERROR {type(e).__name__}: {_first_line(e)}"]
-    return "| " + " | ".join(cells + [""] * (COLUMNS - len(cells))) + " |"
+    return "| " + " | ".join(cells + [""] * (columns - len(cells))) + " |"
 
 
 def _mesh_shape(text: str) -> tuple[int, ...]:
@@ -134,16 +135,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--meshes", nargs="+", type=_mesh_shape, default=[(2, 4), (2, 2, 2), (1, 8)],
                     help="mesh shapes, e.g. 2,4 2,2,2 1,8")
     ns = ap.parse_args(argv)
-    print(HEADER)
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for name in ns.only or PROGRAMS:
-        for shape in ns.meshes:
+    print_table(HEADER, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|", ns.only or list(PROGRAMS), ns.meshes,
+                row, lambda name, shape, e: _error_row(name, shape, e, COLUMNS))
+    return 0
+
+
+def print_table(header: str, rule: str, names: list[str], meshes: list[tuple[int, ...]],
+                row: Callable[[str, tuple[int, ...]], str],
+                error_row: Callable[[str, tuple[int, ...], Exception], str]) -> None:
+    """A markdown table, one program and mesh at a time (printed as it goes: the runs are long)."""
+    print(header)
+    print(rule)
+    for name in names:
+        for shape in meshes:
             try:
                 line = row(name, shape)
             except Exception as e:  # one case's failure is a result too; the others still run
-                line = _error_row(name, shape, e)
+                line = error_row(name, shape, e)
             print(line, flush=True)
-    return 0
 
 
 if __name__ == "__main__":
