@@ -80,6 +80,18 @@ def test_check_rule_on_rewrites():
         check_rule(wrong)
 
 
+def test_check_rule_matches_nans_where_both_sides_have_them():
+    """`log a + log a == 2 log a` holds everywhere, NaN on both sides for a < 0 (operands are
+    standard normal), and passes; `exp(2 log a) == a * a` holds for a > 0 only and is named with
+    the entry where the lhs is NaN and the rhs is not (both read "relative error nan" before)."""
+    a = (S((4, 4), F32),)
+    check_rule(shardsat.Rewrite("log-twice", lambda x: jnp.log(x) + jnp.log(x), lambda x: 2 * jnp.log(x), a),
+               max_examples=4)
+    domain = shardsat.Rewrite("exp-log", lambda x: jnp.exp(2 * jnp.log(x)), lambda x: x * x, a)
+    with pytest.raises(RuleCheckError, match=r"exp-log.*lhs gives nan and rhs"):
+        check_rule(domain, max_examples=4)
+
+
 def test_bad_rewrites_are_rejected():
     mesh = jax.make_mesh((8,), ("data",))
     args = operands(64)
