@@ -139,6 +139,25 @@ def test_wrong_user_rule_is_caught():
     shardsat.register_signature(prim, "b d, d -> b d", need_replication_factors=("d",))
 
 
+def test_a_wrong_rule_is_caught_where_its_op_is_nan_for_some_operands():
+    """An op that takes the log of its operand is NaN for the negative half of the random
+    operands check_rule draws, whole and on shards alike. The comparison read NaN for the whole
+    result, and a NaN error counted as none: a wrong signature passed."""
+    prim = Primitive("test_log_rms")
+
+    def impl(x, w):
+        return jnp.log(x) * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * w
+
+    prim.def_impl(impl)
+    prim.def_abstract_eval(lambda x, w: jax.core.ShapedArray(x.shape, x.dtype))
+    mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=False))
+    wrong = shardsat.register_signature(prim, "b d, d -> b d")  # the mean over d: not pass-through
+    with pytest.raises(RuleCheckError, match="relative error"):
+        check_rule(wrong, max_examples=6, max_strategies=6, meshes=((2, 4),), sizes=(2, 4))
+    right = shardsat.register_signature(prim, "b d, d -> b d", need_replication_factors=("d",))
+    check_rule(right, max_examples=4, max_strategies=6, meshes=((2, 4),), sizes=(2, 4))
+
+
 def test_bad_signatures_are_rejected_when_defined():
     with pytest.raises(shardsat.InvalidSignatureError, match="unknown factor"):
         shardsat.register_signature("nope_p", "i k, k j -> i j", reduction_factors=("q",))

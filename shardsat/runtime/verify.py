@@ -44,13 +44,26 @@ def widened(got: Any, want: Any) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(got, wide), np.asarray(want, wide)
 
 
-def _relerr(got: np.ndarray, want: np.ndarray) -> float:
-    """Largest difference relative to the largest entry."""
+def compare(got: Any, want: Any) -> tuple[tuple[int, ...] | None, float]:
+    """(the first entry where a NaN or an infinity is on one side only, or None; the largest
+    difference elsewhere relative to the largest finite entry of `want`). NaNs on both sides
+    match: an op computing log or sqrt of the random operands a check draws is NaN there
+    whether it runs whole or on shards; `max|got - want|` read NaN for the whole array, and
+    a NaN compared with `>` passed as no error at all."""
     got, want = widened(got, want)
-    if want.size == 0:
-        return 0.0
-    scale = float(np.max(np.abs(want))) or 1.0
-    return float(np.max(np.abs(got - want))) / scale
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    odd = ~same & ~(np.isfinite(got) & np.isfinite(want))
+    if odd.any():
+        return tuple(int(k) for k in np.argwhere(odd)[0]), math.inf
+    finite = np.isfinite(want)
+    scale = float(np.max(np.abs(want[finite]), initial=0.0)) or 1.0
+    return None, float(np.max(np.abs(np.where(same, 0.0, got - want)), initial=0.0)) / scale
+
+
+def _relerr(got: np.ndarray, want: np.ndarray) -> float:
+    """Largest difference relative to the largest entry (inf where a NaN or an infinity is on
+    one side only, see compare)."""
+    return compare(got, want)[1]
 
 
 def check_local(
