@@ -60,7 +60,6 @@ def test_a_clipped_steps_gradients_and_norms_take_two_all_reduces(clipped):
     check_plan(plan, *args)
 
 
-
 def test_an_equation_after_two_reductions_waits_for_the_pending_sums_of_the_waves_before_it():
     """Waves 0, 1, 2, 0, 0; entries 0 and 3 make pending sums of wave 0. Entry 2 (two reductions
     deep) waits for entry 3; entry 1 (one deep) keeps its place: the first wave's reductions are
