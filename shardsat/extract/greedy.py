@@ -32,6 +32,7 @@ from ..rules.reshard import ReshardEdge
 from .bound import value_bound
 from .cost import CostModel
 from .moves_chain import ChainSeen, chains, relabel_chain
+from .moves_region import MAX_REGION_ROUNDS, region_moves
 from .moves_space import MAX_SPACE_ROUNDS, SpaceSeen, space_moves
 from .moves_tie import move_tie
 from .moves_value import alternatives, improve
@@ -226,7 +227,7 @@ def _sweep(sg: SearchGraph, st: PlanState, work: list[int], seen: tuple[SpaceSee
     choice, roots = st.choice, st.roots
     space_seen, chain_seen = seen
     sweeps = 0
-    space_rounds = 0
+    space_rounds = region_rounds = 0
     chain_list = chains(sg, st) if with_chains else []
     dirty = set(choice)
     while dirty and sweeps < max_sweeps and time.perf_counter() < deadline:
@@ -254,6 +255,10 @@ def _sweep(sg: SearchGraph, st: PlanState, work: list[int], seen: tuple[SpaceSee
             # a local optimum: try moving whole tensor spaces (a residual stream) at once
             space_rounds += 1
             changed = space_moves(sg, st, space_seen, work, deadline, every_layout=with_chains)
+        if not changed and region_rounds < MAX_REGION_ROUNDS and time.perf_counter() < deadline:
+            # still one: readers of a resharded value moved forward from its layout together
+            region_rounds += 1
+            changed = region_moves(sg, st, work, deadline)
         dirty = set()
         for grp in changed:
             dirty.add(grp)
