@@ -9,7 +9,8 @@ consumers need through the cheapest resharding tree from the produced layout.
    weights read forward and backward) are not paid once per use as tree-cost extraction would.
 2. Improvement: sweeps of exact moves on the true DAG cost until none improves: single values
    (moves_value.py), chains by dynamic programming (moves_chain.py), loop-carried state
-   (moves_tie.py), whole tensor spaces at a local optimum (moves_space.py).
+   (moves_tie.py), whole tensor spaces at a local optimum (moves_space.py); last, the plan the
+   search returns, regions propagated forward from a resharded value (moves_region.py).
 
 Resharding trees are unions of shortest paths in the per-space layout graph (all-pairs shortest
 paths computed once per (shape, dtype)), a close upper bound of the Steiner tree.
@@ -190,6 +191,21 @@ class Extractor:
         out.sweeps += ex.sweeps
         return out
 
+    def regions(self, ex: Extraction, roots: Roots, deadline: float) -> Extraction | None:
+        """The plan after region moves (extract/moves_region.py) and the sweeps they open, a few
+        rounds; None where no region move lowers its cost."""
+        t0 = time.perf_counter()
+        st = ex.state.copy()
+        st.roots = tuple(roots)
+        out = None
+        for _ in range(MAX_REGION_ROUNDS):
+            if time.perf_counter() >= deadline or not region_moves(self.graph, st, self.work, deadline):
+                break
+            out = self._finish(st, deadline, 500, False, True, t0)  # the result holds `st`: go on from it
+        if out is not None:
+            out.sweeps += ex.sweeps
+        return out
+
     def _finish(self, st: PlanState, deadline: float, max_sweeps: int, explain: bool, chains: bool,
                 t0: float) -> Extraction:
         """3. improvement, 4. the result; with `explain`, for each value the cheapest plan that
@@ -227,7 +243,7 @@ def _sweep(sg: SearchGraph, st: PlanState, work: list[int], seen: tuple[SpaceSee
     choice, roots = st.choice, st.roots
     space_seen, chain_seen = seen
     sweeps = 0
-    space_rounds = region_rounds = 0
+    space_rounds = 0
     chain_list = chains(sg, st) if with_chains else []
     dirty = set(choice)
     while dirty and sweeps < max_sweeps and time.perf_counter() < deadline:
@@ -255,10 +271,6 @@ def _sweep(sg: SearchGraph, st: PlanState, work: list[int], seen: tuple[SpaceSee
             # a local optimum: try moving whole tensor spaces (a residual stream) at once
             space_rounds += 1
             changed = space_moves(sg, st, space_seen, work, deadline, every_layout=with_chains)
-        if not changed and region_rounds < MAX_REGION_ROUNDS and time.perf_counter() < deadline:
-            # still one: readers of a resharded value moved forward from its layout together
-            region_rounds += 1
-            changed = region_moves(sg, st, work, deadline)
         dirty = set()
         for grp in changed:
             dirty.add(grp)

@@ -18,7 +18,7 @@ from .searchgraph import EPS, SearchGraph, improvement_bar
 # per round: the values with the costliest resharding trees tried as seeds, and the values one
 # move may re-choose at most (a region is a head, a loss, a block's tail, not a whole program)
 MAX_SEEDS = 16
-MAX_REGION = 256
+MAX_REGION = 4096
 MAX_REGION_ROUNDS = 2
 
 
@@ -31,7 +31,12 @@ def region_moves(sg: SearchGraph, st: PlanState, work: list[int], deadline: floa
     for h in _seeds(sg, st):
         if time.perf_counter() >= deadline:
             break
-        changed |= _region(sg, st, h, work)
+        changed |= _region(sg, st, [h], work)
+    # then every seed's region at once: a loss reads both the batch and its labels, each
+    # gathered; moved apart, each region meets the other's gather and costs more
+    seeds = _seeds(sg, st)
+    if len(seeds) > 1 and time.perf_counter() < deadline:
+        changed |= _region(sg, st, seeds, work)
     return changed
 
 
@@ -51,18 +56,19 @@ def _seeds(sg: SearchGraph, st: PlanState) -> list[int]:
     return [h for _, _, h in out[:MAX_SEEDS]]
 
 
-def _region(sg: SearchGraph, st: PlanState, h: int, work: list[int]) -> set[int]:
-    """Propagate forward from h's readers that reshard it; keep the region if the plan's exact
-    cost drops, else put it back. Returns the values changed (empty if none kept)."""
+def _region(sg: SearchGraph, st: PlanState, seeds: list[int], work: list[int]) -> set[int]:
+    """Propagate forward from the seeds' readers that reshard them; keep the region if the
+    plan's exact cost drops, else put it back. Returns the values changed (empty if none kept)."""
     choice = st.choice
     old: dict[int, int] = {}
     touched: set[int] = set()
-    lay_h = sg.node_layout[choice[h]]
-    heap = [(int(sg.rank[v]), v) for v in sg.parents[h]
-            if v in choice and any(x != lay_h for x in sg.demands(choice[v]).get(h, ()))]
+    queued: set[int] = set()
+    for h in seeds:
+        lay_h = sg.node_layout[choice[h]]
+        queued |= {v for v in sg.parents[h] if v in choice and any(x != lay_h for x in sg.demands(choice[v]).get(h, ()))}
+    heap = [(int(sg.rank[v]), v) for v in queued]
     heapq.heapify(heap)
-    queued = {v for _, v in heap}
-    region = {h}  # the seed and the values moved: what the region's values may follow
+    region = set(seeds)  # the seeds and the values moved: what the region's values may follow
     while heap and len(old) < MAX_REGION:
         _, v = heapq.heappop(heap)
         if v in st.roots_of or len(st.prod[v]) < 2:

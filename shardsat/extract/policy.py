@@ -95,6 +95,7 @@ class SearchPolicy:
     family_share: float | None  # their budget: a share of the search's work; None: every family in full
     family_released: int  # ... and the cheapest this many of them polished with chain moves
     whole_tp_in_full: bool  # ... and tensor parallelism over the whole mesh completed in full
+    regions: bool  # the plan found is polished last by region moves (extract/moves_region.py)
     bound: bool  # the plan's lower bound and gap are computed
     split_bound: bool  # ... with the split bound too, else the per-value bound alone
     agreement_share: float  # ... raised by agreement prices for this share of the search's work
@@ -116,15 +117,17 @@ class SearchPolicy:
             family_share=None if nodes <= FAMILY_ALL_NODES else FAMILY_SHARE,
             family_released=FAMILY_RELEASED_MANY_AXES if active_axes >= 3 else FAMILY_RELEASED,
             whole_tp_in_full=nodes <= FAMILY_WHOLE_TP_NODES,
+            regions=True,
             bound=True,
             split_bound=nodes <= SPLIT_BOUND_NODES,
             agreement_share=AGREEMENT_SHARE,
         )
 
     def greedy(self, *, restarts: bool = True, bound: bool = True) -> SearchPolicy:
-        """The same search without the integer program or the families: a family's own
-        completion, a memory-pressure round of fit_memory."""
-        return replace(self, method="greedy", exact=False, families=False, restarts=restarts, bound=bound)
+        """The same search without the integer program, the families or the region polish: a
+        family's own completion, a memory-pressure round of fit_memory."""
+        return replace(self, method="greedy", exact=False, families=False, regions=False, restarts=restarts,
+                       bound=bound)
 
 
 def exact_method(method: str, nodes: int) -> tuple[str, str | None]:
