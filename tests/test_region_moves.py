@@ -1,14 +1,18 @@
 """Region moves (extract/moves_region.py): a resharded value's readers moved forward from its
 layout together, where each alone would pay a collective of its own to move."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from helpers import assert_equivalent
 from jax.sharding import PartitionSpec as P
 
 import shardsat
+from shardsat.extract import policy
 
 PROFILE = shardsat.DeviceProfile(flops_per_s=100e12, hbm_bytes_per_s=2e12, link_bytes_per_s=100e9, latency_s=5e-6)
 B, N, PD, D, H, F, NC = 16, 4, 48, 64, 4, 128, 10
@@ -65,3 +69,38 @@ def test_a_classifier_head_stays_split_with_its_batch():
     plan = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, state_argnums=(0, 1), in_shardings=pins)
     assert plan.predicted_collectives()["all-gather"] == 0, plan.explain()
     assert_equivalent(plan, step, *concrete)
+
+
+def _mlp_step():
+    tx = optax.adam(1e-3)
+
+    def loss(p, x, y):
+        h = jax.nn.relu(x @ p["w1"] + p["b1"])
+        return jnp.mean((h @ p["w2"] - y) ** 2)
+
+    def step(p, s, x, y):
+        g = jax.grad(loss)(p, x, y)
+        u, s = tx.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    ks = jax.random.split(jax.random.key(1), 4)
+    p = {"w1": jax.random.normal(ks[0], (64, 256)) * 0.1, "b1": jnp.zeros((256,)),
+         "w2": jax.random.normal(ks[1], (256, 32)) * 0.1}
+    return step, (p, tx.init(p), jax.random.normal(ks[2], (128, 64)), jax.random.normal(ks[3], (128, 32)))
+
+
+@pytest.mark.parametrize("build", [_vit_step, _mlp_step])
+@pytest.mark.parametrize("shape", [(2, 4), (2, 2, 2)])
+def test_the_region_polish_only_lowers_the_plans_cost(monkeypatch, build, shape):
+    """The polish runs on the plan the search returns, after every start and family: with it
+    the plan costs at most what it costs without, and computes the same."""
+    step, concrete = build()
+    args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), concrete)
+    mesh = jax.make_mesh(shape, ("data", "fsdp", "model")[-len(shape):])
+    on = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, state_argnums=(0, 1))
+    derive = policy.SearchPolicy.derive
+    monkeypatch.setattr(policy.SearchPolicy, "derive",
+                        classmethod(lambda cls, *a, **k: dataclasses.replace(derive(*a, **k), regions=False)))
+    off = shardsat.saturate_and_extract(step, mesh, *args, profile=PROFILE, state_argnums=(0, 1))
+    assert on.cost.total_s <= off.cost.total_s * (1 + 1e-9)
+    assert_equivalent(on, step, *concrete)
