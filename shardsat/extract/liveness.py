@@ -33,6 +33,7 @@ from .branches import passed_resharded
 from .buffers import Allocation, Temp, heap_peak, packed_heap, reuse_fixed, share_inplace
 from .chains import chain_transients
 from .result import Extraction, GroupChoice
+from .sends import assembled_views, sent_early, sent_fused, sliced_sends
 
 if TYPE_CHECKING:
     from ..rules.apply import RuleTables
@@ -258,6 +259,7 @@ class Timeline:
         prog = self.program
         readers: dict[Key, list[Equation]] = {}
         whole: set[Key] = set()
+        hoisted: set[Key] = set()  # read whole by a sum of their negation (hoisted)
         for e in self.seq:
             if e.name == "cond_merge":
                 continue  # a branch writes its results into the conditional's buffer
@@ -273,6 +275,7 @@ class Timeline:
                 b = self.hoisted(e, pos, a)
                 if b is not None and self.key(b) is not None and reduction_reads_whole(self, e, pos, b):
                     whole.add(self.key(b))  # type: ignore[arg-type]
+                    hoisted.add(self.key(b))  # type: ignore[arg-type]
         boundary: set[Key] = set()
         for o in prog.outputs:
             if isinstance(o, int) and self.key(o) is not None:
@@ -307,6 +310,7 @@ class Timeline:
                                lambda v: prog.values[v].shape)
         self.boundary = boundary
         self.readers_whole = whole
+        self.hoisted_whole = hoisted
 
     def operand_producers(self, e: Equation, made: dict[Key, Equation]) -> list[Equation | None]:
         """Per value operand of `e`: the equation making it (None: an argument)."""
@@ -744,11 +748,15 @@ class PlanLiveness:
         self.sliced_whole: dict[Buf, tuple[int, int, int]] = {}  # reduce-scatters read sliced: the whole buffer
         self.prepared: set[Buf] = set()  # minor gathers copied for a reader running then (half_steps)
         self.early: list[tuple[int, int, int]] = []  # transients of the collectives made with them
+        self.sent_fused: frozenset[Key] = frozenset()  # cheap values whose slices all-to-alls send (sent_fused)
+        self.sends_whole: set[Buf] = set()  # sources whose slices are the value (sent_whole)
+        self.assembled: dict[Buf, int] = {}  # views products read in their own order: the first (assembled_views)
 
     def run(self) -> None:
         tl = self.tl
         reads = self._reads()
         self.copied = self._copied(reads)
+        self.assembled = assembled_views(self, reads)
         self.gathered_in_order = gathered_in_order(self, reads)
         self._stored(reads)
         self.duplicated = duplicated_values(self, reads)
@@ -910,9 +918,12 @@ class PlanLiveness:
             for k, lid, whole in row:
                 if whole and lid is not None:
                     self.view_whole.add((k, lid))
+        self.sent_fused = sent_fused(self, reads)
+        for k in self.sent_fused:
+            self.stored[k] = False
         for (k, _), s in self.step_to.items():
             if s.src == self.produced.get(k) and (not COLLECTIVES[s.kind].fuses or (k, s.dst) in self.view_whole
-                                                  or k in self.tl.inside):
+                                                  or k in self.tl.inside) and k not in self.sent_fused:
                 self.stored[k] = True
         self._unmasked(reads)
 
@@ -1015,6 +1026,7 @@ class PlanLiveness:
             return d
 
         views = sorted((b for b in self.born if b in self.step_to), key=depth)
+        sent_early(self)
         for b in views:  # shallowest first: a source's (earlier) birth is known
             self.born[b] = min(self.born[b], self._source_birth(b) + 1)
         copies: dict[int, int] = {}  # instant -> the largest raw gathered buffer copied then
@@ -1070,6 +1082,50 @@ class PlanLiveness:
         made = self.tl.made_at.get(src[0])  # a value fused into the view's own fusion
         return self.born.get(src, -1 if made is None or src in self.step_to else self.tl.birth_time(made))
 
+    def fused_birth(self, t: int, depth: int = 0) -> int:
+        """When the operands of the value made at `t` exist (through the values fused into it):
+        -1 for arguments only."""
+        tl, born = self.tl, -1
+        for k, lid in self._operands(t):
+            p = self.produced.get(k)
+            if p is None:
+                continue
+            made = tl.made_at.get(k)
+            if lid not in (None, p):
+                born = max(born, self.born.get((k, lid), tl.birth_time(t)))  # type: ignore[arg-type]
+            elif made is not None and not self.stored.get(k, True) and depth < 8:
+                born = max(born, self.fused_birth(made, depth + 1))
+            else:
+                born = max(born, self.born.get((k, p), -1))  # type: ignore[arg-type]
+        return born
+
+    def _operands(self, t: int) -> list[tuple[Key, int | None]]:
+        """The value operands of the equation at `t`: (key, the layout the plan reads it in, or
+        None where the plan's graph does not say: its produced layout)."""
+        tl = self.tl
+        vals = [a for a in tl.seq[t].inputs if isinstance(a, int)]
+        lids: list[int | None] = list(tl.operand_layouts(t, self.ch))
+        if len(lids) != len(vals):
+            lids = [None] * len(vals)
+        out = []
+        for a, lid in zip(vals, lids, strict=True):
+            k = tl.key(a)
+            if k is not None:
+                out.append((tl.redirect.get(k, k), lid))
+        return out
+
+    def read_operands(self, t: int, at: int, depth: int = 0) -> None:
+        """The operands of the value made at `t` (through the values fused into it) read at
+        `at`, where a fusion computes it: the slices an all-to-all sends."""
+        tl = self.tl
+        for k, lid in self._operands(t):
+            p = self.produced.get(k)
+            made = tl.made_at.get(k)
+            if p is not None and lid in (None, p) and made is not None and not self.stored.get(k, True) and depth < 8:
+                self.read_operands(made, at, depth + 1)
+            elif p is not None:
+                self.read(k, lid, at, at, True)  # type: ignore[arg-type]
+
     def is_buffer(self, b: Buf) -> bool:
         """A view (a collective's result) always is; an equation's result when XLA stores it."""
         return b in self.step_to or self.stored.get(b[0], True)
@@ -1088,7 +1144,11 @@ class PlanLiveness:
         for b, n in self.pieces.items():  # tagged once: the peak's list names the buffer
             if b in self.born and b not in excluded and b not in self.middles:
                 t, size = self.born[b], self.tl.size(*b)
-                temps += [Temp(size // n, t, max(self.last.get(b, t), t), tag=b if i == 0 else None, kept=True)
+                end, f = max(self.last.get(b, t), t), self.assembled.get(b, -1)
+                if t <= f <= end:  # concatenated for the first product reading them: one buffer on
+                    temps.append(Temp(size, f, end, tag=b))
+                    end = f
+                temps += [Temp(size // n, t, end, tag=b if i == 0 and end != f else None, kept=True)
                           for i in range(n)]
         temps += extra
         temps += [Temp(size, t0, t1) for t0, t1, size in self.transient]
@@ -1274,6 +1334,9 @@ def recomputed_reads(live: PlanLiveness, reads: list[list[tuple[Key, int | None,
             src = tl.made_at.get(k)
             if src is None or fusion.kind(tl.seq[src]) not in (fusion.Fuse.CHEAP, fusion.Fuse.EXPENSIVE):
                 continue
+            s = live.step_to.get((k, lid)) if lid is not None else None
+            if s is not None and not COLLECTIVES[s.kind].fuses:  # type: ignore[attr-defined]
+                continue  # the copy reads the collective's result, not what the operand reads
             if copies[(k, order)] < tl.n_readers.get(k, 0):  # duplicated: if every other reader fuses it
                 if fusion.kind(tl.seq[src]) == fusion.Fuse.EXPENSIVE or not others_fuse(live, k, order):
                     continue
@@ -1361,44 +1424,6 @@ def read_source(live: PlanLiveness, b: Buf, t: int) -> Buf:
         src = (src[0], live.step_to[src].src)  # type: ignore[attr-defined]
     live.reads_from[b] = src
     return src
-
-
-def sliced_sends(live: PlanLiveness, sends: list[tuple[Buf, int]]) -> dict[Buf, list[int]]:
-    """XLA:CPU runs an array all-to-all over n devices (made at t) as a tuple one: n slices of
-    the source in, n pieces out that its readers concatenate inside their fusions; neither is
-    one buffer an op may write into or an output allocation may hold whole (`live.pieces`). A
-    computed source that only such collectives read is the slices (XLA fuses its computation
-    into them; a source others read too XLA also keeps as a buffer, computing it twice). Any
-    other source is sliced at t (the returned slices, per view); where the collective is the
-    last read of a buffer made before t, that buffer is freed once sliced, before the pieces
-    arrive. Where nothing reads the pieces before t + 2, they arrive a step after the slices
-    are made (`live.sent`; the slices live from t): XLA makes the slices of a source's
-    all-to-alls while the source lives and runs the collectives after, one by one, not all in
-    the instant the slices are made.
-    (A source made at t is a chain's middle hop: chains.py prices the chain.)"""
-    tl, out = live.tl, {}
-    from_src: dict[Buf, list[object]] = {}
-    for v, step in live.step_to.items() if sends else ():
-        from_src.setdefault((v[0], step.src), []).append(step)  # type: ignore[attr-defined]
-    for b, t in sends:
-        s = live.step_to[b]
-        n = math.prod(tl.spaces.mesh.sizes[a] for a in s.axes)  # type: ignore[attr-defined]
-        if n < 2:
-            continue
-        live.pieces[b] = n
-        k, src = b[0], s.src  # type: ignore[attr-defined]
-        sb = (k, src)
-        if src == live.produced.get(k) and k in tl.made_at and not tl.stored.get(k, True) \
-                and not live.direct.get(k) and all(COLLECTIVES[x.kind].sliced_send_on("cpu") for x in from_src[sb]):  # type: ignore[attr-defined]
-            live.pieces[sb] = n
-            continue
-        rb = live.reads_from.get(b, sb)  # the buffer sliced (past a slice that fuses in)
-        if live.last.get(rb) == t and live.born.get(rb, t) < t:
-            live.last[rb] = t - 1
-        out[b] = [tl.size(k, src) // n] * n
-        if live.born.get(b) == t and min(live.view_readers.get(b, {t})) > t + 1:
-            live.sent[b], live.born[b] = t, t + 1
-    return out
 
 
 def gathered_in_order(live: PlanLiveness, reads: list[list[tuple[Key, int | None, bool]]]) -> set[Buf]:
