@@ -257,25 +257,7 @@ class Timeline:
     def _static_stored(self) -> None:
         """Which keys XLA keeps as buffers whatever the layouts (fusion.stored)."""
         prog = self.program
-        readers: dict[Key, list[Equation]] = {}
-        whole: set[Key] = set()
-        hoisted: set[Key] = set()  # read whole by a sum of their negation (hoisted)
-        for e in self.seq:
-            if e.name == "cond_merge":
-                continue  # a branch writes its results into the conditional's buffer
-            for pos, a in enumerate(e.inputs):
-                if isinstance(a, Literal):
-                    continue
-                k = self.key(a)
-                if k is None:
-                    continue
-                readers.setdefault(k, []).append(e)
-                if self.reads_whole(e, pos, a):
-                    whole.add(k)
-                b = self.hoisted(e, pos, a)
-                if b is not None and self.key(b) is not None and reduction_reads_whole(self, e, pos, b):
-                    whole.add(self.key(b))  # type: ignore[arg-type]
-                    hoisted.add(self.key(b))  # type: ignore[arg-type]
+        readers, whole, hoisted = key_readers(self)
         boundary: set[Key] = set()
         for o in prog.outputs:
             if isinstance(o, int) and self.key(o) is not None:
@@ -462,6 +444,31 @@ class Timeline:
     def size(self, k: Key, lid: int) -> int:
         v = self.program.values[self.rep[k]]
         return self.spaces.shard_bytes(self.spaces.space(v.shape, v.dtype), lid) * (2 if k in self.widened else 1)
+
+
+def key_readers(tl: Timeline) -> tuple[dict[Key, list[Equation]], set[Key], set[Key]]:
+    """Per key, the equations reading it; the keys some reader cannot fuse (reads whole); of
+    those, the ones a sum of their negation reads whole (fusion.negated_sum_operand)."""
+    readers: dict[Key, list[Equation]] = {}
+    whole: set[Key] = set()
+    hoisted: set[Key] = set()
+    for e in tl.seq:
+        if e.name == "cond_merge":
+            continue  # a branch writes its results into the conditional's buffer
+        for pos, a in enumerate(e.inputs):
+            if isinstance(a, Literal):
+                continue
+            k = tl.key(a)
+            if k is None:
+                continue
+            readers.setdefault(k, []).append(e)
+            if tl.reads_whole(e, pos, a):
+                whole.add(k)
+            b = tl.hoisted(e, pos, a)
+            if b is not None and tl.key(b) is not None and reduction_reads_whole(tl, e, pos, b):
+                whole.add(tl.key(b))  # type: ignore[arg-type]
+                hoisted.add(tl.key(b))  # type: ignore[arg-type]
+    return readers, whole, hoisted
 
 
 def execution_order(program: Program) -> list[Equation]:
@@ -807,7 +814,7 @@ class PlanLiveness:
         copied_views_read(self, copied_views)
         held_through_loops(self, read_last)
         self._combine()
-        self._transposes(reads)
+        transposed_copies(self, reads)
         literal_broadcast_buffers(self)
         self.transient += dense_expansions(self)
         self.transient += blocked_scan_copies(self)
@@ -985,29 +992,6 @@ class PlanLiveness:
             return True
         return b not in self.step_to and self.tl.n_readers.get(k, 0) <= 1 and k in self.tl.made_at
 
-    def _transposes(self, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
-        """A dot operand XLA transposes is copied as soon as it exists (breadth-first) and read
-        by the dot; one whose only reader is the dot is written transposed (no copy). Copies of
-        one buffer in one order are one buffer, read by the last of their dots (CSE)."""
-        tl = self.tl
-        spans: dict[tuple[Buf, tuple[int, ...]], tuple[int, int, int]] = {}
-        groups: dict[tuple[Buf, tuple[int, ...]], set[int]] = {}
-        for t, ops in self.copied.items():
-            if not any(k in self.produced for k in tl.first[t]):
-                continue
-            for pos, order in ops.items():
-                k, lid, _ = reads[t][pos]
-                b = (k, lid if lid is not None else self.produced.get(k, -1))
-                if b[1] < 0 or self._written_transposed(k, lid):
-                    continue
-                start = min(self.born.get(b, -1) + (k not in self.recopied), t)
-                lo, hi, _ = spans.get((b, order), (start, t, 0))
-                spans[(b, order)] = (min(lo, start), max(hi, t), tl.size(*b))
-                groups.setdefault((b, order), set()).add(t)
-        self.transient += spans.values()
-        for (b, _), g in groups.items():
-            self.copy_groups.setdefault(b, []).append(g)
-
     def _views(self) -> None:
         """Each view (a collective's result) is made from its source when first needed: deepest
         first, so a source's last read includes making every view below it. XLA's breadth-first
@@ -1082,50 +1066,6 @@ class PlanLiveness:
         made = self.tl.made_at.get(src[0])  # a value fused into the view's own fusion
         return self.born.get(src, -1 if made is None or src in self.step_to else self.tl.birth_time(made))
 
-    def fused_birth(self, t: int, depth: int = 0) -> int:
-        """When the operands of the value made at `t` exist (through the values fused into it):
-        -1 for arguments only."""
-        tl, born = self.tl, -1
-        for k, lid in self._operands(t):
-            p = self.produced.get(k)
-            if p is None:
-                continue
-            made = tl.made_at.get(k)
-            if lid not in (None, p):
-                born = max(born, self.born.get((k, lid), tl.birth_time(t)))  # type: ignore[arg-type]
-            elif made is not None and not self.stored.get(k, True) and depth < 8:
-                born = max(born, self.fused_birth(made, depth + 1))
-            else:
-                born = max(born, self.born.get((k, p), -1))  # type: ignore[arg-type]
-        return born
-
-    def _operands(self, t: int) -> list[tuple[Key, int | None]]:
-        """The value operands of the equation at `t`: (key, the layout the plan reads it in, or
-        None where the plan's graph does not say: its produced layout)."""
-        tl = self.tl
-        vals = [a for a in tl.seq[t].inputs if isinstance(a, int)]
-        lids: list[int | None] = list(tl.operand_layouts(t, self.ch))
-        if len(lids) != len(vals):
-            lids = [None] * len(vals)
-        out = []
-        for a, lid in zip(vals, lids, strict=True):
-            k = tl.key(a)
-            if k is not None:
-                out.append((tl.redirect.get(k, k), lid))
-        return out
-
-    def read_operands(self, t: int, at: int, depth: int = 0) -> None:
-        """The operands of the value made at `t` (through the values fused into it) read at
-        `at`, where a fusion computes it: the slices an all-to-all sends."""
-        tl = self.tl
-        for k, lid in self._operands(t):
-            p = self.produced.get(k)
-            made = tl.made_at.get(k)
-            if p is not None and lid in (None, p) and made is not None and not self.stored.get(k, True) and depth < 8:
-                self.read_operands(made, at, depth + 1)
-            elif p is not None:
-                self.read(k, lid, at, at, True)  # type: ignore[arg-type]
-
     def is_buffer(self, b: Buf) -> bool:
         """A view (a collective's result) always is; an equation's result when XLA stores it."""
         return b in self.step_to or self.stored.get(b[0], True)
@@ -1185,6 +1125,30 @@ def minor(tl: Timeline, k: Key, lid: int, dim: int) -> bool:
     v = tl.program.values[tl.rep[k]]
     shard = tl.spaces.layouts[lid].shard_shape(v.shape, tl.spaces.mesh)
     return any(n > 1 for n in shard[:dim])
+
+
+def transposed_copies(live: PlanLiveness, reads: list[list[tuple[Key, int | None, bool]]]) -> None:
+    """A dot operand XLA transposes is copied as soon as it exists (breadth-first) and read
+    by the dot; one whose only reader is the dot is written transposed (no copy). Copies of
+    one buffer in one order are one buffer, read by the last of their dots (CSE)."""
+    tl = live.tl
+    spans: dict[tuple[Buf, tuple[int, ...]], tuple[int, int, int]] = {}
+    groups: dict[tuple[Buf, tuple[int, ...]], set[int]] = {}
+    for t, ops in live.copied.items():
+        if not any(k in live.produced for k in tl.first[t]):
+            continue
+        for pos, order in ops.items():
+            k, lid, _ = reads[t][pos]
+            b = (k, lid if lid is not None else live.produced.get(k, -1))
+            if b[1] < 0 or live._written_transposed(k, lid):
+                continue
+            start = min(live.born.get(b, -1) + (k not in live.recopied), t)
+            lo, hi, _ = spans.get((b, order), (start, t, 0))
+            spans[(b, order)] = (min(lo, start), max(hi, t), tl.size(*b))
+            groups.setdefault((b, order), set()).add(t)
+    live.transient += spans.values()
+    for (b, _), g in groups.items():
+        live.copy_groups.setdefault(b, []).append(g)
 
 
 def made_with_copies(live: PlanLiveness, made: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -1289,7 +1253,7 @@ def copied_view(live: PlanLiveness, b: Buf, t: int) -> bool:
 
 def copied_views_read(live: PlanLiveness, copied: list[tuple[Buf, int]]) -> None:
     """The views of copied_view are copied into their products' order as soon as they exist
-    (breadth first, as _transposes dates the copy), and the products read the copy: a view's
+    (breadth first, as transposed_copies dates the copy), and the products read the copy: a view's
     read is the copy's, a step after its birth, not the products' (a gathered weight read by
     its forward and backward products is one copy between them)."""
     for b, t in copied:

@@ -91,8 +91,8 @@ def sent_early(live: PlanLiveness) -> None:
     for sb in live.sends_whole:
         t = live.tl.made_at[sb[0]]
         if live.tl.birth_time(t) == t:
-            live.born[sb] = min(live.born.get(sb, t), max(live.fused_birth(t), 0))
-            live.read_operands(t, live.born[sb])
+            live.born[sb] = min(live.born.get(sb, t), max(fused_birth(live, t), 0))
+            read_operands(live, t, live.born[sb])
 
 
 def stored_for_whole_reads(tl: Timeline, k: Key) -> bool:
@@ -139,3 +139,48 @@ def sliced_sends(live: PlanLiveness, sends: list[tuple[Buf, int]]) -> dict[Buf, 
         if live.born.get(b) == t and min(live.view_readers.get(b, {t})) > t + 1:
             live.sent[b], live.born[b] = t, t + 1
     return out
+
+
+def fused_birth(live: PlanLiveness, t: int, depth: int = 0) -> int:
+    """When the operands of the value made at `t` exist (through the values fused into it):
+    -1 for arguments only."""
+    tl, born = live.tl, -1
+    for k, lid in operands(live, t):
+        p = live.produced.get(k)
+        if p is None:
+            continue
+        made = tl.made_at.get(k)
+        if lid not in (None, p):
+            born = max(born, live.born.get((k, lid), tl.birth_time(t)))  # type: ignore[arg-type]
+        elif made is not None and not live.stored.get(k, True) and depth < 8:
+            born = max(born, fused_birth(live, made, depth + 1))
+        else:
+            born = max(born, live.born.get((k, p), -1))  # type: ignore[arg-type]
+    return born
+
+def operands(live: PlanLiveness, t: int) -> list[tuple[Key, int | None]]:
+    """The value operands of the equation at `t`: (key, the layout the plan reads it in, or
+    None where the plan's graph does not say: its produced layout)."""
+    tl = live.tl
+    vals = [a for a in tl.seq[t].inputs if isinstance(a, int)]
+    lids: list[int | None] = list(tl.operand_layouts(t, live.ch))
+    if len(lids) != len(vals):
+        lids = [None] * len(vals)
+    out = []
+    for a, lid in zip(vals, lids, strict=True):
+        k = tl.key(a)
+        if k is not None:
+            out.append((tl.redirect.get(k, k), lid))
+    return out
+
+def read_operands(live: PlanLiveness, t: int, at: int, depth: int = 0) -> None:
+    """The operands of the value made at `t` (through the values fused into it) read at
+    `at`, where a fusion computes it: the slices an all-to-all sends."""
+    tl = live.tl
+    for k, lid in operands(live, t):
+        p = live.produced.get(k)
+        made = tl.made_at.get(k)
+        if p is not None and lid in (None, p) and made is not None and not live.stored.get(k, True) and depth < 8:
+            read_operands(live, made, at, depth + 1)
+        elif p is not None:
+            live.read(k, lid, at, at, True)  # type: ignore[arg-type]
