@@ -33,7 +33,7 @@ from .branches import passed_resharded
 from .buffers import Allocation, Temp, heap_peak, packed_heap, reuse_fixed, share_inplace
 from .chains import chain_transients
 from .result import Extraction, GroupChoice
-from .sends import assembled_views, sent_early, sent_fused, sliced_sends
+from .sends import assembled_views, sent_early, sent_fused, sliced_sends, stored_for_whole_reads
 
 if TYPE_CHECKING:
     from ..rules.apply import RuleTables
@@ -114,6 +114,7 @@ class Timeline:
                           and fusion.flattened_product(e, tuple(len(program.values[a].shape) if isinstance(a, int)
                                                                 else 0 for a in e.inputs)) for k in self.first[t]}
         self.dense = {t: ops for t, e in enumerate(self.seq) if (ops := fusion.dense_ragged_operands(e, platform))}
+        self.sendable = frozenset(k for k in self.readers_whole - self.hoisted_whole if stored_for_whole_reads(self, k))
 
     # -- static structure ---------------------------------------------------------------------
     def key(self, v: int) -> Key | None:

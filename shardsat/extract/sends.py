@@ -50,7 +50,7 @@ def sent_fused(live: PlanLiveness, reads: list[list[tuple[Key, int | None, bool]
     over the other axis)."""
     tl = live.tl
     platform = tl.spaces.mesh.platform
-    ok = {k for k in tl.readers_whole - tl.hoisted_whole if k in live.produced and stored_for_whole_reads(tl, k)}
+    ok = {k for k in tl.sendable if k in live.produced}
     sent: set[Key] = set()
     for row in reads:
         for k, lid, whole in row:
@@ -97,7 +97,8 @@ def sent_early(live: PlanLiveness) -> None:
 
 def stored_for_whole_reads(tl: Timeline, k: Key) -> bool:
     """Is `k` a buffer only because a reader cannot fuse it (fusion.stored's whole_read), not
-    for a library fusion's sake?"""
+    for a library fusion's sake? (Timeline.sendable: the keys that are, the candidates of
+    sent_fused.)"""
     t = tl.made_at.get(k)
     if t is None or not tl.stored.get(k, False) or k in tl.boundary or k in tl.in_library or k in tl.shared_inside:
         return False
